@@ -1,0 +1,88 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "dragbroker",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "BrokerClient", targets: ["BrokerClient"]),
+        .library(name: "BrokerProtocol", targets: ["BrokerProtocol"]),
+        .executable(name: "dragbrokerd", targets: ["dragbrokerd"]),
+        .executable(name: "dragctl", targets: ["dragctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    ],
+    targets: [
+        // The one place that touches libsystemd's C API.
+        .systemLibrary(
+            name: "CSystemd",
+            pkgConfig: "libsystemd",
+            providers: [.apt(["libsystemd-dev"])]
+        ),
+        .target(
+            name: "BusKit",
+            dependencies: ["CSystemd"]
+        ),
+        .target(
+            name: "BrokerProtocol",
+            dependencies: ["BusKit"],
+            exclude: ["Interfaces"]
+        ),
+        .target(
+            name: "TransferLog",
+            dependencies: [.product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .target(
+            name: "BrokerClient",
+            dependencies: [
+                "BusKit", "BrokerProtocol",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .executableTarget(
+            name: "dragbrokerd",
+            dependencies: [
+                "BusKit", "BrokerProtocol", "TransferLog",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .executableTarget(
+            name: "dragctl",
+            dependencies: [
+                "BrokerClient", "BrokerProtocol", "TransferLog",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "dragbroker-demo-source",
+            dependencies: ["BrokerClient"],
+            path: "Sources/Examples/DemoSource"
+        ),
+        .executableTarget(
+            name: "dragbroker-demo-target",
+            dependencies: ["BrokerClient"],
+            path: "Sources/Examples/DemoTarget"
+        ),
+        // A scriptable peer the end-to-end tests run as separate processes.
+        .executableTarget(
+            name: "dragbroker-testpeer",
+            dependencies: ["BrokerClient"],
+            path: "Tests/TestPeer"
+        ),
+        .testTarget(
+            name: "TransferLogTests",
+            dependencies: ["TransferLog"]
+        ),
+        .testTarget(
+            name: "BrokerTests",
+            dependencies: ["BusKit", "BrokerProtocol", "BrokerClient", "TransferLog",
+                           "dragbrokerd", "dragctl", "dragbroker-testpeer"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

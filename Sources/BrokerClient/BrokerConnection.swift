@@ -1,0 +1,239 @@
+import BrokerProtocol
+import BusKit
+import Foundation
+
+/// A connection to dragbrokerd. Both roles start here: `beginDrag` for a source,
+/// `presentToken` for a destination.
+///
+/// The connection runs its own event loop thread; the actor's executor is that loop, so
+/// bus callbacks and actor state meet on one thread without locks.
+public actor BrokerConnection {
+    let loop: EventLoop
+    let bus: Bus
+    /// The broker's unique name: the only peer allowed to call our providers.
+    private var brokerName = ""
+    private var providers: [String: ProviderExport] = [:]
+    private var routes: [String: SessionRoute] = [:]
+    private var nextProvider = 1
+
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+    private init(loop: EventLoop, bus: Bus) {
+        self.loop = loop
+        self.bus = bus
+    }
+
+    /// Connects to the bus at `address`, or to `$DRAGBROKER_BUS_ADDRESS`, or to the session bus.
+    public static func connect(address: String? = nil) async throws(BrokerError) -> BrokerConnection {
+        let connection: BrokerConnection
+        do {
+            let loop = try EventLoop()
+            let address = address ?? ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"]
+            let bus = try Bus.connect(address: address, loop: loop, description: "dragbroker-client")
+            loop.start(name: "dragbroker-client")
+            connection = BrokerConnection(loop: loop, bus: bus)
+        } catch {
+            throw BrokerError(.disconnected, "Failed to connect to the bus: \(error.message)")
+        }
+        try await connection.locateBroker()
+        return connection
+    }
+
+    private func locateBroker() async throws(BrokerError) {
+        do {
+            brokerName = try await bus.nameOwner(BrokerNames.busName)
+        } catch {
+            throw BrokerError(.disconnected, "dragbrokerd is not running on this bus (\(error.name))")
+        }
+    }
+
+    /// The connection's unique bus name.
+    public var uniqueName: String { bus.uniqueName }
+
+    // MARK: Calls
+
+    func call(path: String, interface: String, member: String,
+              timeout: UInt64 = 0, _ build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) -> Message {
+        do {
+            let message = try bus.newMethodCall(destination: brokerName, path: path, interface: interface, member: member)
+            try build(message)
+            return try await bus.call(message, timeout: timeout)
+        } catch {
+            throw BrokerError(error)
+        }
+    }
+
+    func decode<T>(_ read: () throws(BusError) -> T) throws(BrokerError) -> T {
+        do {
+            return try read()
+        } catch {
+            throw BrokerError(.failed, "Malformed reply from the broker: \(error.message)")
+        }
+    }
+
+    /// The live sessions, as an operator sees them.
+    public func listSessions() async throws(BrokerError) -> [SessionSummary] {
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "ListSessions")
+        return try decode { () throws(BusError) in
+            var sessions: [SessionSummary] = []
+            _ = try reply.enterContainer("a", SessionSummary.signature)
+            while let summary = try SessionSummary.decode(from: reply) { sessions.append(summary) }
+            try reply.exitContainer()
+            return sessions
+        }
+    }
+
+    // MARK: Source
+
+    /// Begins a drag. The returned session's token is what the windowing system's drag carries
+    /// to a destination. Data is produced only when the drop destination loads it.
+    public func beginDrag(items: [DragItem], options: SessionOptions = SessionOptions()) async throws(BrokerError) -> DragSession {
+        let providerPath = BrokerNames.providerPathPrefix + "p\(nextProvider)"
+        nextProvider += 1
+        let export = ProviderExport(items: items.map(\.itemProvider))
+        do {
+            export.object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
+                                           implementation: InterfaceImplementation(methods: [
+                                               "Provide": { [unowned self] call throws(BusError) in
+                                                   let result = self.assumeIsolated { connection in
+                                                       Result { () throws(BusError) in try connection.provide(call) }
+                                                   }
+                                                   try result.get()
+                                               },
+                                           ]))
+        } catch {
+            throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
+        }
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "BeginSession") { m throws(BusError) in
+            try m.openContainer("a", ItemDescriptor.signature)
+            for item in items { try item.itemProvider.descriptor.encode(to: m) }
+            try m.closeContainer()
+            try options.encode(to: m)
+            try m.append(objectPath: providerPath)
+        }
+        let (path, token) = try decode { () throws(BusError) in (try reply.readObjectPath(), try reply.readString()) }
+        providers[path] = export
+        let session = DragSession(connection: self, path: path, token: token, items: items)
+        try route(path, to: .source(session))
+        return session
+    }
+
+    /// Serves the broker's request for one representation: the load handler runs now, its
+    /// bytes go into the pipe the broker passed, and the reply says whether it succeeded.
+    private func provide(_ call: MethodCall) throws(BusError) {
+        guard call.sender == brokerName else {
+            throw BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError
+        }
+        let m = call.message
+        let sessionPath = try m.readObjectPath()
+        let item = try m.readUInt32()
+        let type = try m.readString()
+        let fd = try m.readFileDescriptor()
+        guard let export = providers[sessionPath], Int(item) < export.items.count,
+              let handler = export.items[Int(item)].handler(for: type) else {
+            close(fd)
+            throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
+        }
+        if case .source(let session) = routes[sessionPath]?.role { session.noteLoadRequested(item: Int(item), type: type) }
+        let pending = PendingReply(call)
+        Task {
+            let failure: BrokerError?
+            do {
+                let data = try await handler()
+                try await DescriptorIO.write(data, consuming: fd)
+                failure = nil
+            } catch let error as BrokerError {
+                failure = error
+            } catch {
+                failure = BrokerError(.providerFailed, "\(error)")
+            }
+            finish(pending, failure)
+        }
+    }
+
+    private func finish(_ pending: PendingReply, _ failure: BrokerError?) {
+        if let failure {
+            pending.call.fail(failure.busError)
+        } else {
+            try? pending.call.reply()
+        }
+    }
+
+    // MARK: Destination
+
+    /// Presents a drag's token: the destination may then see the items' visible types and
+    /// propose, and after `performDrop` load.
+    public func presentToken(_ token: String) async throws(BrokerError) -> DropSession {
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "PresentToken") { m throws(BusError) in
+            try m.append(token)
+        }
+        let path = try decode { () throws(BusError) in try reply.readObjectPath() }
+        if case .destination(let existing) = routes[path]?.role { return existing }
+        let session = DropSession(connection: self, path: path)
+        try route(path, to: .destination(session))
+        return session
+    }
+
+    // MARK: Signals
+
+    /// Subscribes to the session's signals, which the broker sends to this connection only.
+    private func route(_ path: String, to role: SessionRoute.Role) throws(BrokerError) {
+        do {
+            let slot = try bus.matchSignal(sender: brokerName, path: path, interface: BrokerNames.sessionInterface, member: nil) { [unowned self] m in
+                self.assumeIsolated { $0.dispatch(m) }
+            }
+            routes[path] = SessionRoute(role: role, slot: slot)
+        } catch {
+            throw BrokerError(.failed, "Failed to subscribe to session signals: \(error.message)")
+        }
+    }
+
+    private func dispatch(_ m: Message) {
+        guard let path = m.path, let route = routes[path], let member = m.member else { return }
+        switch route.role {
+        case .source(let session): session.handle(signal: member, m)
+        case .destination(let session): session.handle(signal: member, m)
+        }
+        if member == "Ended" || member == "TransferFinished" {
+            let done: Bool
+            switch route.role {
+            case .source: done = member == "TransferFinished" || !(route.role.sourceAwaitsTransfer(m))
+            case .destination: done = true
+            }
+            if done { forget(path) }
+        }
+    }
+
+    func forget(_ path: String) {
+        routes[path] = nil
+        providers[path] = nil
+    }
+}
+
+/// A call kept open while a load handler runs; sent back to the loop to answer.
+private final class PendingReply: @unchecked Sendable {
+    let call: MethodCall
+    init(_ call: MethodCall) { self.call = call }
+}
+
+private final class ProviderExport {
+    let items: [ItemProvider]
+    var object: ExportedObject?
+    init(items: [ItemProvider]) { self.items = items }
+}
+
+private struct SessionRoute {
+    enum Role {
+        case source(DragSession)
+        case destination(DropSession)
+
+        /// After a successful `Ended`, the source still hears `TransferFinished`.
+        func sourceAwaitsTransfer(_ ended: Message) -> Bool {
+            try? ended.rewind()
+            _ = try? ended.readString()
+            return (try? ended.readString())?.isEmpty ?? false
+        }
+    }
+    let role: Role
+    let slot: Slot
+}

@@ -1,0 +1,68 @@
+import BrokerProtocol
+import BusKit
+
+/// What the source hears about its drag, in order.
+public enum DragSessionEvent: Sendable, Equatable {
+    /// The destination asked for a representation; its load handler is running.
+    case loadRequested(item: Int, typeIdentifier: String)
+    /// The user dropped: the session will end with this operation (`sessionWillEnd`).
+    case willEnd(DropOperation)
+    /// The session ended (`sessionDidEnd`); `error` says why when it did not complete.
+    case ended(DropOperation, BrokerError?)
+    /// Every load is done (`sessionDidTransferItems`). After a move, delete the originals now.
+    case transferFinished
+}
+
+/// The source's side of a live drag.
+public final class DragSession: Sendable {
+    public let path: String
+    /// Hand this to the windowing system's drag; whoever presents it may join the session.
+    public let token: String
+    public let items: [DragItem]
+    /// The session's events; the stream finishes after the last one.
+    public let events: AsyncStream<DragSessionEvent>
+    private let continuation: AsyncStream<DragSessionEvent>.Continuation
+    private let connection: BrokerConnection
+
+    init(connection: BrokerConnection, path: String, token: String, items: [DragItem]) {
+        self.connection = connection
+        self.path = path
+        self.token = token
+        self.items = items
+        (events, continuation) = AsyncStream.makeStream()
+    }
+
+    /// Cancels the drag (released over nothing). Loads in flight stop.
+    public func cancel() async throws(BrokerError) {
+        _ = try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
+    }
+
+    func noteLoadRequested(item: Int, type: String) {
+        continuation.yield(.loadRequested(item: item, typeIdentifier: type))
+    }
+
+    func handle(signal: String, _ m: Message) {
+        switch signal {
+        case "WillEnd":
+            if let operation = try? m.readString(), let op = DropOperation(rawValue: operation) {
+                continuation.yield(.willEnd(op))
+            }
+        case "Ended":
+            guard let (operation, error) = decodeEnded(m) else { return }
+            continuation.yield(.ended(operation, error))
+            if error != nil { continuation.finish() }
+        case "TransferFinished":
+            continuation.yield(.transferFinished)
+            continuation.finish()
+        default:
+            break
+        }
+    }
+}
+
+/// Decodes `Ended(operation, error, message)`; an empty error name means success.
+func decodeEnded(_ m: Message) -> (DropOperation, BrokerError?)? {
+    guard let operation = try? m.readString(), let op = DropOperation(rawValue: operation),
+          let name = try? m.readString(), let message = try? m.readString() else { return nil }
+    return (op, name.isEmpty ? nil : BrokerError(BusError(name: name, message: message)))
+}

@@ -1,0 +1,52 @@
+import BusKit
+
+/// The broker's interfaces as member tables. Keep in step with `Interfaces/*.xml`.
+public enum BrokerInterfaces {
+    typealias A = InterfaceDescription.Argument
+
+    public static let manager = InterfaceDescription(
+        name: BrokerNames.managerInterface,
+        methods: [
+            .init("BeginSession",
+                  in: [A("items", "a" + ItemDescriptor.signature), A("options", "a{sv}"), A("provider", "o")],
+                  out: [A("session", "o"), A("token", "s")]),
+            .init("PresentToken", in: [A("token", "s")], out: [A("session", "o")]),
+            .init("ListSessions", out: [A("sessions", "a" + SessionSummary.signature)]),
+        ],
+        properties: [
+            .init("Version", "s", .constant),
+            .init("SessionCount", "u", .emitsChange),
+        ])
+
+    public static let session = InterfaceDescription(
+        name: BrokerNames.sessionInterface,
+        methods: [
+            .init("GetItems", out: [A("items", "a" + VisibleItem.signature)]),
+            .init("Enter", in: [A("proposal", "s")], out: [A("operation", "s")]),
+            .init("Update", in: [A("proposal", "s")], out: [A("operation", "s")]),
+            .init("Exit"),
+            .init("PerformDrop", out: [A("operation", "s")]),
+            .init("Load", in: [A("item", "u"), A("type", "s")], out: [A("data", "h"), A("load", "u")]),
+            .init("Conclude"),
+            .init("Cancel"),
+        ],
+        properties: [
+            .init("Id", "s", .constant),
+            .init("SourceApp", "s", .constant),
+            .init("State", "s", .emitsChange),
+            .init("ItemCount", "u", .emitsChange),
+            .init("Operation", "s", .emitsChange),
+        ],
+        signals: [
+            .init("WillEnd", [A("operation", "s")]),
+            .init("Ended", [A("operation", "s"), A("error", "s"), A("message", "s")]),
+            .init("TransferFinished"),
+            .init("LoadFinished", [A("load", "u"), A("bytes", "t"), A("error", "s"), A("message", "s")]),
+        ])
+
+    public static let provider = InterfaceDescription(
+        name: BrokerNames.providerInterface,
+        methods: [
+            .init("Provide", in: [A("session", "o"), A("item", "u"), A("type", "s"), A("data", "h")]),
+        ])
+}

@@ -1,0 +1,227 @@
+import BusKit
+
+/// Who may see a representation, as iOS's `NSItemProviderRepresentationVisibility`.
+public enum Visibility: String, CaseIterable, Sendable, Codable {
+    /// Only the app that began the drag.
+    case app
+    /// Apps of the same team as the source.
+    case team
+    /// Every app.
+    case all
+}
+
+/// A drop operation, as `UIDropOperation`.
+public enum DropOperation: String, CaseIterable, Sendable, Codable {
+    case cancel, forbidden, copy, move
+}
+
+/// One lazily promised representation: its type and who may see it. Never the bytes.
+public struct RepresentationDescriptor: Sendable, Equatable, Codable {
+    public var typeIdentifier: String
+    public var visibility: Visibility
+
+    public init(typeIdentifier: String, visibility: Visibility) {
+        self.typeIdentifier = typeIdentifier
+        self.visibility = visibility
+    }
+}
+
+/// A drag item as the source declares it: metadata plus ordered representations, best first.
+public struct ItemDescriptor: Sendable, Equatable, Codable {
+    public var suggestedName: String
+    public var preferredWidth: Double
+    public var preferredHeight: Double
+    public var representations: [RepresentationDescriptor]
+
+    public init(suggestedName: String = "", preferredWidth: Double = 0, preferredHeight: Double = 0,
+                representations: [RepresentationDescriptor]) {
+        self.suggestedName = suggestedName
+        self.preferredWidth = preferredWidth
+        self.preferredHeight = preferredHeight
+        self.representations = representations
+    }
+
+    /// D-Bus signature of one item.
+    public static let signature = "(sdda(ss))"
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("r", "sdda(ss)")
+        try m.append(suggestedName)
+        try m.append(preferredWidth)
+        try m.append(preferredHeight)
+        try m.openContainer("a", "(ss)")
+        for representation in representations {
+            try m.openContainer("r", "ss")
+            try m.append(representation.typeIdentifier)
+            try m.append(representation.visibility.rawValue)
+            try m.closeContainer()
+        }
+        try m.closeContainer()
+        try m.closeContainer()
+    }
+
+    /// Decodes one item. Unknown visibilities are refused with the offending value.
+    public static func decode(from m: Message) throws(BrokerError) -> ItemDescriptor? {
+        do {
+            guard try m.enterContainer("r", "sdda(ss)") else { return nil }
+            let name = try m.readString()
+            let width = try m.readDouble()
+            let height = try m.readDouble()
+            var representations: [RepresentationDescriptor] = []
+            _ = try m.enterContainer("a", "(ss)")
+            while try m.enterContainer("r", "ss") {
+                let type = try m.readString()
+                let visibilityName = try m.readString()
+                try m.exitContainer()
+                guard let visibility = Visibility(rawValue: visibilityName) else {
+                    throw BrokerError.invalidArgument("Unknown visibility '\(visibilityName)' for type '\(type)': expected app, team or all")
+                }
+                representations.append(RepresentationDescriptor(typeIdentifier: type, visibility: visibility))
+            }
+            try m.exitContainer()
+            try m.exitContainer()
+            return ItemDescriptor(suggestedName: name, preferredWidth: width, preferredHeight: height, representations: representations)
+        } catch let error as BrokerError {
+            throw error
+        } catch {
+            throw BrokerError.invalidArgument("Malformed item: \(error)")
+        }
+    }
+}
+
+/// What a destination may learn about an item before the drop: only the types visible to it.
+public struct VisibleItem: Sendable, Equatable, Codable {
+    public var suggestedName: String
+    public var preferredWidth: Double
+    public var preferredHeight: Double
+    public var typeIdentifiers: [String]
+
+    public init(suggestedName: String, preferredWidth: Double, preferredHeight: Double, typeIdentifiers: [String]) {
+        self.suggestedName = suggestedName
+        self.preferredWidth = preferredWidth
+        self.preferredHeight = preferredHeight
+        self.typeIdentifiers = typeIdentifiers
+    }
+
+    public static let signature = "(sddas)"
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("r", "sddas")
+        try m.append(suggestedName)
+        try m.append(preferredWidth)
+        try m.append(preferredHeight)
+        try m.openContainer("a", "s")
+        for type in typeIdentifiers { try m.append(type) }
+        try m.closeContainer()
+        try m.closeContainer()
+    }
+
+    public static func decode(from m: Message) throws(BusError) -> VisibleItem? {
+        guard try m.enterContainer("r", "sddas") else { return nil }
+        let name = try m.readString()
+        let width = try m.readDouble()
+        let height = try m.readDouble()
+        var types: [String] = []
+        _ = try m.enterContainer("a", "s")
+        while try m.peekType() != nil { types.append(try m.readString()) }
+        try m.exitContainer()
+        try m.exitContainer()
+        return VisibleItem(suggestedName: name, preferredWidth: width, preferredHeight: height, typeIdentifiers: types)
+    }
+}
+
+/// Options of `BeginSession`, carried as `a{sv}` so new ones can be added compatibly.
+public struct SessionOptions: Sendable, Equatable, Codable {
+    /// `RestrictedToApp`: the session is invisible to every other app.
+    public var restrictedToApp: Bool
+    /// `AllowsMove`: a move within the source app is allowed.
+    public var allowsMove: Bool
+
+    public init(restrictedToApp: Bool = false, allowsMove: Bool = false) {
+        self.restrictedToApp = restrictedToApp
+        self.allowsMove = allowsMove
+    }
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("a", "{sv}")
+        for (key, value) in [("RestrictedToApp", restrictedToApp), ("AllowsMove", allowsMove)] {
+            try m.openContainer("e", "sv")
+            try m.append(key)
+            try m.openContainer("v", "b")
+            try m.append(value)
+            try m.closeContainer()
+            try m.closeContainer()
+        }
+        try m.closeContainer()
+    }
+
+    /// Unknown keys and wrongly typed values are refused, so a typo never silently weakens a session.
+    public static func decode(from m: Message) throws(BrokerError) -> SessionOptions {
+        var options = SessionOptions()
+        do {
+            _ = try m.enterContainer("a", "{sv}")
+            while try m.enterContainer("e", "sv") {
+                let key = try m.readString()
+                guard let (_, contents) = try m.peekType(), contents == "b" else {
+                    throw BrokerError.invalidArgument("Option '\(key)' must be a boolean (variant of type 'b')")
+                }
+                _ = try m.enterContainer("v", "b")
+                let value = try m.readBool()
+                try m.exitContainer()
+                try m.exitContainer()
+                switch key {
+                case "RestrictedToApp": options.restrictedToApp = value
+                case "AllowsMove": options.allowsMove = value
+                default: throw BrokerError.invalidArgument("Unknown session option '\(key)': expected RestrictedToApp or AllowsMove")
+                }
+            }
+            try m.exitContainer()
+        } catch let error as BrokerError {
+            throw error
+        } catch {
+            throw BrokerError.invalidArgument("Malformed options: \(error)")
+        }
+        return options
+    }
+}
+
+/// One line of `ListSessions`: what an operator may see of a live session.
+public struct SessionSummary: Sendable, Equatable, Codable {
+    public var id: String
+    public var path: String
+    public var sourceApp: String
+    public var state: String
+    public var itemCount: UInt32
+    /// Microseconds since the Unix epoch.
+    public var createdAt: UInt64
+
+    public init(id: String, path: String, sourceApp: String, state: String, itemCount: UInt32, createdAt: UInt64) {
+        self.id = id
+        self.path = path
+        self.sourceApp = sourceApp
+        self.state = state
+        self.itemCount = itemCount
+        self.createdAt = createdAt
+    }
+
+    public static let signature = "(sossut)"
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("r", "sossut")
+        try m.append(id)
+        try m.append(objectPath: path)
+        try m.append(sourceApp)
+        try m.append(state)
+        try m.append(itemCount)
+        try m.append(createdAt)
+        try m.closeContainer()
+    }
+
+    public static func decode(from m: Message) throws(BusError) -> SessionSummary? {
+        guard try m.enterContainer("r", "sossut") else { return nil }
+        let summary = SessionSummary(id: try m.readString(), path: try m.readObjectPath(), sourceApp: try m.readString(),
+                                     state: try m.readString(), itemCount: try m.readUInt32(), createdAt: try m.readUInt64())
+        try m.exitContainer()
+        return summary
+    }
+}

@@ -1,0 +1,237 @@
+import CSystemd
+import Glibc
+
+/// Owns an `sd_bus` connection attached to an `EventLoop`. Every use happens on the loop thread.
+public final class Bus: @unchecked Sendable {
+    public let handle: OpaquePointer
+    public let loop: EventLoop
+
+    private init(consuming handle: OpaquePointer, loop: EventLoop) {
+        self.handle = handle
+        self.loop = loop
+    }
+
+    deinit {
+        sd_bus_flush_close_unref(handle)
+    }
+
+    /// Connects as a client to `address`, or to the session bus when `address` is nil, and
+    /// attaches to `loop`. Call before the loop starts or on the loop thread.
+    public static func connect(address: String?, loop: EventLoop, description: String) throws(BusError) -> Bus {
+        var raw: OpaquePointer?
+        if let address {
+            try check(sd_bus_new(&raw), "sd_bus_new")
+            let bus = Bus(consuming: raw!, loop: loop)
+            try check(sd_bus_set_address(raw, address), "sd_bus_set_address(\(address))")
+            try check(sd_bus_set_bus_client(raw, 1), "sd_bus_set_bus_client")
+            try check(sd_bus_negotiate_fds(raw, 1), "sd_bus_negotiate_fds")
+            try check(sd_bus_set_description(raw, description), "sd_bus_set_description")
+            try check(sd_bus_start(raw), "connecting to \(address)")
+            try bus.attach()
+            return bus
+        }
+        try check(sd_bus_open_user_with_description(&raw, description), "connecting to the session bus")
+        let bus = Bus(consuming: raw!, loop: loop)
+        try bus.attach()
+        return bus
+    }
+
+    private func attach() throws(BusError) {
+        try check(sd_bus_attach_event(handle, loop.handle, 0), "sd_bus_attach_event")
+    }
+
+    public var uniqueName: String {
+        var name: UnsafePointer<CChar>?
+        sd_bus_get_unique_name(handle, &name)
+        return name.map { String(cString: $0) } ?? ""
+    }
+
+    /// Requests a well-known name without queueing: fails if someone else owns it.
+    public func requestName(_ name: String) throws(BusError) {
+        let r = sd_bus_request_name(handle, name, 0)
+        if r == -EEXIST {
+            throw BusError(name: "org.freedesktop.DBus.Error.AddressInUse", message: "The name \(name) is already owned")
+        }
+        try check(r, "requesting the name \(name)")
+    }
+
+    // MARK: Messages
+
+    public func newMethodCall(destination: String, path: String, interface: String, member: String) throws(BusError) -> Message {
+        var m: OpaquePointer?
+        try check(sd_bus_message_new_method_call(handle, &m, destination, path, interface, member),
+                  "new method call \(interface).\(member)")
+        return Message(consuming: m!)
+    }
+
+    /// Sends a method call; `completion` runs on the loop thread with the reply or the error.
+    /// Dropping the returned slot cancels the call: `completion` then never runs.
+    public func callAsync(_ message: Message, timeout: UInt64 = 0,
+                          completion: @escaping (Result<Message, BusError>) -> Void) throws(BusError) -> Slot {
+        let box = Unmanaged.passRetained(ReplyBox(completion))
+        var slot: OpaquePointer?
+        let r = sd_bus_call_async(handle, &slot, message.handle, { reply, userdata, _ in
+            let box = Unmanaged<ReplyBox>.fromOpaque(userdata!).takeUnretainedValue()
+            let message = Message(borrowing: reply!)
+            if let error = message.error { box.deliver(.failure(error)) } else { box.deliver(.success(message)) }
+            return 0
+        }, box.toOpaque(), timeout)
+        if r < 0 {
+            box.release()
+            throw BusError.system(r, "sd_bus_call_async")
+        }
+        sd_bus_slot_set_destroy_callback(slot) { userdata in
+            Unmanaged<ReplyBox>.fromOpaque(userdata!).release()
+        }
+        return Slot(consuming: slot!)
+    }
+
+    /// Sends a method call and suspends until its reply; an error reply is thrown as `BusError`.
+    /// `timeout` is in microseconds, 0 meaning sd-bus's default (25 s).
+    public func call(_ message: Message, timeout: UInt64 = 0,
+                     isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> Message {
+        let result: Result<Message, BusError> = await withCheckedContinuation(isolation: isolation) { continuation in
+            let box = Unmanaged.passRetained(ReplyBox { continuation.resume(returning: $0) })
+            let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
+                let box = Unmanaged<ReplyBox>.fromOpaque(userdata!).takeRetainedValue()
+                let message = Message(borrowing: reply!)
+                if let error = message.error { box.deliver(.failure(error)) } else { box.deliver(.success(message)) }
+                return 0
+            }, box.toOpaque(), timeout)
+            if r < 0 {
+                box.takeRetainedValue().deliver(.failure(.system(r, "sd_bus_call_async")))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Sends a message with no reply expected (signals, replies built by hand).
+    public func send(_ message: Message) throws(BusError) {
+        try check(sd_bus_send(handle, message.handle, nil), "sd_bus_send")
+    }
+
+    /// Emits a signal, unicast to `destination` when one is given so only that peer receives it.
+    public func emitSignal(path: String, interface: String, member: String, destination: String? = nil,
+                           _ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) {
+        var m: OpaquePointer?
+        try check(sd_bus_message_new_signal(handle, &m, path, interface, member), "new signal \(interface).\(member)")
+        let message = Message(consuming: m!)
+        if let destination {
+            try check(sd_bus_message_set_destination(message.handle, destination), "set signal destination")
+        }
+        try build(message)
+        try send(message)
+    }
+
+    public func emitPropertiesChanged(path: String, interface: String, properties: [String]) throws(BusError) {
+        var pointers: [UnsafeMutablePointer<CChar>?] = properties.map { strdup($0) }
+        pointers.append(nil)
+        defer { pointers.forEach { free($0) } }
+        try check(sd_bus_emit_properties_changed_strv(handle, path, interface, &pointers), "emit PropertiesChanged")
+    }
+
+    public func emitObjectAdded(path: String) throws(BusError) {
+        try check(sd_bus_emit_object_added(handle, path), "emit InterfacesAdded")
+    }
+
+    public func emitObjectRemoved(path: String) throws(BusError) {
+        try check(sd_bus_emit_object_removed(handle, path), "emit InterfacesRemoved")
+    }
+
+    /// Serves `org.freedesktop.DBus.ObjectManager` for the subtree at `path`.
+    public func addObjectManager(path: String) throws(BusError) -> Slot {
+        var slot: OpaquePointer?
+        try check(sd_bus_add_object_manager(handle, &slot, path), "sd_bus_add_object_manager")
+        return Slot(consuming: slot!)
+    }
+
+    /// Offers every method call under `prefix` to `handler` before any exported object sees it;
+    /// the handler returns true when it answered the call itself.
+    public func addFallback(prefix: String, handler: @escaping (MethodCall) -> Bool) throws(BusError) -> Slot {
+        let box = Unmanaged.passRetained(FallbackBox(handler))
+        var slot: OpaquePointer?
+        let r = sd_bus_add_fallback(handle, &slot, prefix, { m, userdata, _ in
+            let box = Unmanaged<FallbackBox>.fromOpaque(userdata!).takeUnretainedValue()
+            return box.handler(MethodCall(message: Message(borrowing: m!), bus: box.bus!)) ? 1 : 0
+        }, box.toOpaque())
+        if r < 0 {
+            box.release()
+            throw BusError.system(r, "sd_bus_add_fallback")
+        }
+        box.takeUnretainedValue().bus = self
+        sd_bus_slot_set_destroy_callback(slot) { userdata in
+            Unmanaged<FallbackBox>.fromOpaque(userdata!).release()
+        }
+        return Slot(consuming: slot!)
+    }
+
+    /// Calls `handler` for each signal matching the given fields (nil = any).
+    public func matchSignal(sender: String?, path: String?, interface: String?, member: String?,
+                            handler: @escaping (Message) -> Void) throws(BusError) -> Slot {
+        let box = Unmanaged.passRetained(SignalBox(handler))
+        var slot: OpaquePointer?
+        let r = sd_bus_match_signal(handle, &slot, sender, path, interface, member, { m, userdata, _ in
+            Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue().handler(Message(borrowing: m!))
+            return 0
+        }, box.toOpaque())
+        if r < 0 {
+            box.release()
+            throw BusError.system(r, "sd_bus_match_signal")
+        }
+        sd_bus_slot_set_destroy_callback(slot) { userdata in
+            Unmanaged<SignalBox>.fromOpaque(userdata!).release()
+        }
+        return Slot(consuming: slot!)
+    }
+
+    /// Asks the bus driver who sent `message`: kernel-verified PID and effective UID.
+    public func senderCredentials(of message: Message) throws(BusError) -> Credentials {
+        var creds: OpaquePointer?
+        try check(sd_bus_query_sender_creds(message.handle, shim_creds_pid_euid_unique(), &creds), "querying sender credentials")
+        defer { sd_bus_creds_unref(creds) }
+        var pid: pid_t = 0
+        var euid: uid_t = 0
+        try check(sd_bus_creds_get_pid(creds, &pid), "reading the sender's PID")
+        try check(sd_bus_creds_get_euid(creds, &euid), "reading the sender's EUID")
+        return Credentials(uniqueName: message.sender ?? "", pid: pid, euid: euid)
+    }
+
+    /// Asks the bus driver for the current owner of a name.
+    public func nameOwner(_ name: String, isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> String {
+        let m = try newMethodCall(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                                  interface: "org.freedesktop.DBus", member: "GetNameOwner")
+        try m.append(name)
+        let reply = try await call(m)
+        return try reply.readString()
+    }
+}
+
+/// Kernel-verified facts about a bus peer, as the bus driver reports them.
+public struct Credentials: Sendable, Equatable {
+    public var uniqueName: String
+    public var pid: pid_t
+    public var euid: uid_t
+}
+
+/// Owns an `sd_bus_slot`; dropping it removes the match, object or call it stands for.
+public final class Slot: @unchecked Sendable {
+    let handle: OpaquePointer
+    init(consuming handle: OpaquePointer) { self.handle = handle }
+    deinit { sd_bus_slot_unref(handle) }
+}
+
+private final class ReplyBox {
+    let deliver: (Result<Message, BusError>) -> Void
+    init(_ deliver: @escaping (Result<Message, BusError>) -> Void) { self.deliver = deliver }
+}
+
+private final class SignalBox {
+    let handler: (Message) -> Void
+    init(_ handler: @escaping (Message) -> Void) { self.handler = handler }
+}
+
+private final class FallbackBox {
+    let handler: (MethodCall) -> Bool
+    weak var bus: Bus?
+    init(_ handler: @escaping (MethodCall) -> Bool) { self.handler = handler }
+}

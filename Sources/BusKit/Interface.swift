@@ -1,0 +1,229 @@
+import CSystemd
+import Glibc
+
+/// A declarative description of one D-Bus interface: the member table sd-bus's vtable is
+/// built from. Argument names matter: they appear in introspection.
+public struct InterfaceDescription: Sendable {
+    public let name: String
+    public let methods: [Method]
+    public let properties: [Property]
+    public let signals: [Signal]
+
+    public init(name: String, methods: [Method] = [], properties: [Property] = [], signals: [Signal] = []) {
+        self.name = name
+        self.methods = methods
+        self.properties = properties
+        self.signals = signals
+    }
+
+    public struct Argument: Sendable {
+        public let name: String
+        public let signature: String
+        public init(_ name: String, _ signature: String) {
+            self.name = name
+            self.signature = signature
+        }
+    }
+
+    public struct Method: Sendable {
+        public let name: String
+        public let input: [Argument]
+        public let output: [Argument]
+        public init(_ name: String, in input: [Argument] = [], out output: [Argument] = []) {
+            self.name = name
+            self.input = input
+            self.output = output
+        }
+    }
+
+    public struct Property: Sendable {
+        public enum Change: Sendable { case constant, emitsChange }
+        public let name: String
+        public let signature: String
+        public let change: Change
+        public init(_ name: String, _ signature: String, _ change: Change) {
+            self.name = name
+            self.signature = signature
+            self.change = change
+        }
+    }
+
+    public struct Signal: Sendable {
+        public let name: String
+        public let arguments: [Argument]
+        public init(_ name: String, _ arguments: [Argument] = []) {
+            self.name = name
+            self.arguments = arguments
+        }
+    }
+
+    public func method(_ name: String) -> Method? { methods.first { $0.name == name } }
+}
+
+/// An incoming method call. Reply now, or keep it and reply later (exactly once).
+public final class MethodCall: @unchecked Sendable {
+    public let message: Message
+    public let bus: Bus
+    public private(set) var answered = false
+
+    init(message: Message, bus: Bus) {
+        self.message = message
+        self.bus = bus
+    }
+
+    /// The caller's unique bus name.
+    public var sender: String { message.sender ?? "" }
+
+    public func reply(_ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) {
+        precondition(!answered, "method call answered twice")
+        var r: OpaquePointer?
+        try check(sd_bus_message_new_method_return(message.handle, &r), "new method return")
+        let reply = Message(consuming: r!)
+        try build(reply)
+        try bus.send(reply)
+        answered = true
+    }
+
+    public func fail(_ error: BusError) {
+        precondition(!answered, "method call answered twice")
+        answered = true
+        var e = sd_bus_error(name: nil, message: nil, _need_free: 0)
+        _ = error.fill(&e)
+        sd_bus_reply_method_error(message.handle, &e)
+        sd_bus_error_free(&e)
+    }
+}
+
+/// Handlers for one exported interface, keyed by member name.
+public struct InterfaceImplementation {
+    public typealias MethodHandler = (MethodCall) throws(BusError) -> Void
+    public typealias PropertyGetter = (Message) throws(BusError) -> Void
+
+    public var methods: [String: MethodHandler]
+    public var properties: [String: PropertyGetter]
+
+    public init(methods: [String: MethodHandler] = [:], properties: [String: PropertyGetter] = [:]) {
+        self.methods = methods
+        self.properties = properties
+    }
+}
+
+/// One interface exported at one path: owns the vtable memory and the slot that registers it.
+/// Dropping it unregisters the object.
+public final class ExportedObject: @unchecked Sendable {
+    public let path: String
+    public let interface: InterfaceDescription
+    private let implementation: InterfaceImplementation
+    private unowned let bus: Bus
+    private var vtable: UnsafeMutablePointer<sd_bus_vtable>?
+    private var cStrings: [UnsafeMutablePointer<CChar>] = []
+    private var slot: OpaquePointer?
+
+    init(bus: Bus, path: String, interface: InterfaceDescription, implementation: InterfaceImplementation) throws(BusError) {
+        self.bus = bus
+        self.path = path
+        self.interface = interface
+        self.implementation = implementation
+        for method in interface.methods where implementation.methods[method.name] == nil {
+            preconditionFailure("\(interface.name).\(method.name) has no handler")
+        }
+        for property in interface.properties where implementation.properties[property.name] == nil {
+            preconditionFailure("\(interface.name).\(property.name) has no getter")
+        }
+        buildVTable()
+        let r = sd_bus_add_object_vtable(bus.handle, &slot, path, interface.name, vtable,
+                                         Unmanaged.passUnretained(self).toOpaque())
+        try check(r, "exporting \(interface.name) at \(path)")
+    }
+
+    deinit {
+        sd_bus_slot_unref(slot)
+        vtable?.deallocate()
+        cStrings.forEach { free($0) }
+    }
+
+    private func keep(_ string: String) -> UnsafeMutablePointer<CChar> {
+        let p = strdup(string)!
+        cStrings.append(p)
+        return p
+    }
+
+    /// sd-bus reads parameter names as consecutive NUL-terminated strings.
+    private func keepNames(_ arguments: [InterfaceDescription.Argument]) -> UnsafeMutablePointer<CChar> {
+        var bytes: [CChar] = []
+        for argument in arguments {
+            bytes.append(contentsOf: argument.name.utf8CString)
+        }
+        bytes.append(0)
+        let p = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count)
+        p.initialize(from: bytes, count: bytes.count)
+        cStrings.append(p)
+        return p
+    }
+
+    private func buildVTable() {
+        var entries: [sd_bus_vtable] = [shim_vtable_start(0)]
+        for method in interface.methods {
+            entries.append(shim_vtable_method(
+                keep(method.name),
+                keep(method.input.map(\.signature).joined()),
+                keep(method.output.map(\.signature).joined()),
+                keepNames(method.input + method.output),
+                { m, userdata, error in
+                    let object = Unmanaged<ExportedObject>.fromOpaque(userdata!).takeUnretainedValue()
+                    return object.dispatch(Message(borrowing: m!), error)
+                },
+                // Authorisation is the daemon's own, per caller identity, not sd-bus's UID check.
+                shim_vtable_flag_unprivileged()))
+        }
+        for property in interface.properties {
+            let flags = property.change == .constant ? shim_vtable_flag_property_const() : shim_vtable_flag_property_emits_change()
+            entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, _, _, name, reply, userdata, error in
+                let object = Unmanaged<ExportedObject>.fromOpaque(userdata!).takeUnretainedValue()
+                return object.get(String(cString: name!), Message(borrowing: reply!), error)
+            }, flags))
+        }
+        for signal in interface.signals {
+            entries.append(shim_vtable_signal(keep(signal.name), keep(signal.arguments.map(\.signature).joined()),
+                                              keepNames(signal.arguments), 0))
+        }
+        entries.append(shim_vtable_end())
+        let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: entries.count)
+        table.initialize(from: entries, count: entries.count)
+        vtable = table
+    }
+
+    private func dispatch(_ message: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+        guard let member = message.member, let handler = implementation.methods[member] else {
+            return BusError(name: "org.freedesktop.DBus.Error.UnknownMethod", message: "Unknown method").fill(error)
+        }
+        let call = MethodCall(message: message, bus: bus)
+        do {
+            try handler(call)
+            return 1
+        } catch let failure {
+            if call.answered { return 1 }
+            return failure.fill(error)
+        }
+    }
+
+    private func get(_ name: String, _ reply: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+        guard let getter = implementation.properties[name] else {
+            return BusError(name: "org.freedesktop.DBus.Error.UnknownProperty", message: "Unknown property \(name)").fill(error)
+        }
+        do {
+            try getter(reply)
+            return 1
+        } catch let failure {
+            return failure.fill(error)
+        }
+    }
+}
+
+extension Bus {
+    /// Exports `interface` at `path`, dispatching to `implementation`'s handlers on the loop thread.
+    public func export(path: String, interface: InterfaceDescription,
+                       implementation: InterfaceImplementation) throws(BusError) -> ExportedObject {
+        try ExportedObject(bus: self, path: path, interface: interface, implementation: implementation)
+    }
+}

@@ -1,0 +1,153 @@
+import CSystemd
+
+/// Owns one reference to an `sd_bus_message`. Appends and reads mirror
+/// `sd_bus_message_append_basic` / `sd_bus_message_read_basic` one to one.
+public final class Message: @unchecked Sendable {
+    public let handle: OpaquePointer
+
+    /// Takes over a reference the caller already owns.
+    public init(consuming handle: OpaquePointer) { self.handle = handle }
+
+    /// Takes a new reference, for messages sd-bus lends to a callback.
+    public init(borrowing handle: OpaquePointer) {
+        self.handle = sd_bus_message_ref(handle)
+    }
+
+    deinit { sd_bus_message_unref(handle) }
+
+    public var sender: String? { sd_bus_message_get_sender(handle).map { String(cString: $0) } }
+    public var member: String? { sd_bus_message_get_member(handle).map { String(cString: $0) } }
+    public var path: String? { sd_bus_message_get_path(handle).map { String(cString: $0) } }
+    public var interface: String? { sd_bus_message_get_interface(handle).map { String(cString: $0) } }
+
+    /// The error this message carries, when it is an error reply.
+    public var error: BusError? {
+        guard let error = sd_bus_message_get_error(handle), sd_bus_error_is_set(error) != 0 else { return nil }
+        return BusError(error)
+    }
+
+    /// Marks a method call as not expecting a reply.
+    public func setExpectReply(_ expect: Bool) {
+        sd_bus_message_set_expect_reply(handle, expect ? 1 : 0)
+    }
+
+    // MARK: Appending
+
+    public func append(_ value: String) throws(BusError) {
+        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "s")), value), "append string")
+    }
+
+    public func append(objectPath value: String) throws(BusError) {
+        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "o")), value), "append object path")
+    }
+
+    public func append(_ value: Bool) throws(BusError) {
+        var v: Int32 = value ? 1 : 0
+        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "b")), &v), "append boolean")
+    }
+
+    public func append(_ value: UInt32) throws(BusError) { try appendTrivial(value, "u") }
+    public func append(_ value: Int32) throws(BusError) { try appendTrivial(value, "i") }
+    public func append(_ value: UInt64) throws(BusError) { try appendTrivial(value, "t") }
+    public func append(_ value: Int64) throws(BusError) { try appendTrivial(value, "x") }
+    public func append(_ value: Double) throws(BusError) { try appendTrivial(value, "d") }
+
+    /// Appends a descriptor; sd-bus duplicates it, so the caller keeps its own.
+    public func append(fileDescriptor fd: Int32) throws(BusError) { try appendTrivial(fd, "h") }
+
+    private func appendTrivial<T: BitwiseCopyable>(_ value: T, _ type: Unicode.Scalar) throws(BusError) {
+        var v = value
+        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: type)), &v), "append \(type)")
+    }
+
+    public func openContainer(_ type: Unicode.Scalar, _ contents: String) throws(BusError) {
+        try check(sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), contents), "open container \(type)\(contents)")
+    }
+
+    public func closeContainer() throws(BusError) {
+        try check(sd_bus_message_close_container(handle), "close container")
+    }
+
+    // MARK: Reading
+
+    public func readString() throws(BusError) -> String { try readStringLike("s") }
+    public func readObjectPath() throws(BusError) -> String { try readStringLike("o") }
+
+    public func readBool() throws(BusError) -> Bool {
+        let v: Int32 = try readTrivial("b", 0)
+        return v != 0
+    }
+
+    public func readUInt32() throws(BusError) -> UInt32 { try readTrivial("u", 0) }
+    public func readInt32() throws(BusError) -> Int32 { try readTrivial("i", 0) }
+    public func readUInt64() throws(BusError) -> UInt64 { try readTrivial("t", 0) }
+    public func readInt64() throws(BusError) -> Int64 { try readTrivial("x", 0) }
+    public func readDouble() throws(BusError) -> Double { try readTrivial("d", 0) }
+
+    /// Reads a descriptor. It belongs to the message: dup it to keep it beyond the message's life.
+    public func readBorrowedFileDescriptor() throws(BusError) -> Int32 { try readTrivial("h", -1) }
+
+    /// Reads a descriptor and returns a duplicate the caller owns (close-on-exec).
+    public func readFileDescriptor() throws(BusError) -> Int32 {
+        let borrowed = try readBorrowedFileDescriptor()
+        let owned = shim_dupfd_cloexec(borrowed)
+        if owned < 0 { throw BusError.system(-shim_errno(), "F_DUPFD_CLOEXEC") }
+        return owned
+    }
+
+    private func readStringLike(_ type: Unicode.Scalar) throws(BusError) -> String {
+        var p: UnsafePointer<CChar>?
+        let r = sd_bus_message_read_basic(handle, CChar(UInt8(ascii: type)), &p)
+        try checkRead(r, type)
+        return String(cString: p!)
+    }
+
+    private func readTrivial<T: BitwiseCopyable>(_ type: Unicode.Scalar, _ initial: T) throws(BusError) -> T {
+        var v = initial
+        let r = sd_bus_message_read_basic(handle, CChar(UInt8(ascii: type)), &v)
+        try checkRead(r, type)
+        return v
+    }
+
+    private func checkRead(_ r: Int32, _ type: Unicode.Scalar) throws(BusError) {
+        if r == 0 { throw BusError.invalidArguments("missing argument of type '\(type)'") }
+        if r < 0 { throw BusError.invalidArguments("expected an argument of type '\(type)'") }
+    }
+
+    /// Enters a container; returns false at the end of an enclosing array.
+    public func enterContainer(_ type: Unicode.Scalar, _ contents: String) throws(BusError) -> Bool {
+        let r = sd_bus_message_enter_container(handle, CChar(UInt8(ascii: type)), contents)
+        if r < 0 { throw BusError.invalidArguments("expected a container '\(type)' of '\(contents)'") }
+        return r > 0
+    }
+
+    public func exitContainer() throws(BusError) {
+        let r = sd_bus_message_exit_container(handle)
+        if r < 0 { throw BusError.invalidArguments("malformed container") }
+    }
+
+    /// The type and contents of the next element, or nil at the end of the current container.
+    public func peekType() throws(BusError) -> (type: Unicode.Scalar, contents: String?)? {
+        var type: CChar = 0
+        var contents: UnsafePointer<CChar>?
+        let r = sd_bus_message_peek_type(handle, &type, &contents)
+        if r < 0 { throw BusError.system(r, "sd_bus_message_peek_type") }
+        if r == 0 { return nil }
+        return (Unicode.Scalar(UInt8(bitPattern: type)), contents.map { String(cString: $0) })
+    }
+
+    public func skip(_ types: String) throws(BusError) {
+        try check(sd_bus_message_skip(handle, types), "skip \(types)")
+    }
+
+    public func rewind() throws(BusError) {
+        try check(sd_bus_message_rewind(handle, 1), "rewind")
+    }
+}
+
+extension BusError {
+    /// sd-bus's own name for malformed arguments, used before the caller's interface is known.
+    public static func invalidArguments(_ message: String) -> BusError {
+        BusError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: message)
+    }
+}

@@ -1,0 +1,88 @@
+// An example drag source, after the iOS drag-and-drop samples: it offers a picture, rendered
+// as PNG only when a destination that performed the drop asks for it, and its caption.
+import BrokerClient
+import BrokerProtocol
+import Foundation
+
+let caption = "Sunset over the harbour"
+
+let picture = ItemProvider(suggestedName: "sunset.png", preferredPresentationSize: (64, 48))
+picture.registerDataRepresentation(forTypeIdentifier: "image/png", visibility: .all) {
+    print("source: rendering the PNG now, because the destination asked for it")
+    return PNG.gradient(width: 64, height: 48)
+}
+picture.registerDataRepresentation(forTypeIdentifier: "text/plain;charset=utf-8", visibility: .all) {
+    print("source: providing the caption")
+    return Data(caption.utf8)
+}
+
+do {
+    let broker = try await BrokerConnection.connect()
+    let session = try await broker.beginDrag(items: [DragItem(itemProvider: picture, localObject: caption)])
+    print("source: began a drag of sunset.png (\(session.path))")
+    // The windowing system would carry this token to whichever app the user drops on.
+    print("TOKEN \(session.token)")
+    fflush(nil)
+    for await event in session.events {
+        switch event {
+        case .loadRequested(let item, let type): print("source: destination requested item \(item) as \(type)")
+        case .willEnd(let operation): print("source: the drop was performed: \(operation.rawValue)")
+        case .ended(let operation, nil): print("source: the session ended with \(operation.rawValue)")
+        case .ended(let operation, let error?): print("source: the session ended with \(operation.rawValue): \(error)")
+        case .transferFinished: print("source: every transfer finished")
+        }
+        fflush(nil)
+    }
+} catch {
+    print("source: \(error)")
+    exit(1)
+}
+
+/// Just enough PNG to make a real image file: 8-bit RGB, stored (uncompressed) deflate.
+enum PNG {
+    static func gradient(width: Int, height: Int) -> Data {
+        var raw = [UInt8]()
+        for y in 0..<height {
+            raw.append(0)  // filter: none
+            for x in 0..<width {
+                raw += [UInt8(255 - y * 255 / height), UInt8(90 + x * 100 / width), UInt8(40 + y * 150 / height)]
+            }
+        }
+        var png = Data([0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A])
+        png += chunk("IHDR", be32(UInt32(width)) + be32(UInt32(height)) + [8, 2, 0, 0, 0])
+        png += chunk("IDAT", zlibStored(raw))
+        png += chunk("IEND", [])
+        return png
+    }
+
+    static func be32(_ v: UInt32) -> [UInt8] { [UInt8(v >> 24), UInt8(v >> 16 & 0xff), UInt8(v >> 8 & 0xff), UInt8(v & 0xff)] }
+
+    static func chunk(_ type: String, _ body: [UInt8]) -> Data {
+        let typed = Array(type.utf8) + body
+        return Data(be32(UInt32(body.count)) + typed + be32(crc32(typed)))
+    }
+
+    static func zlibStored(_ data: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = [0x78, 0x01]
+        var offset = 0
+        repeat {
+            let n = min(65535, data.count - offset)
+            let last: UInt8 = offset + n == data.count ? 1 : 0
+            out += [last, UInt8(n & 0xff), UInt8(n >> 8), UInt8(~n & 0xff), UInt8((~n >> 8) & 0xff)]
+            out += data[offset..<offset + n]
+            offset += n
+        } while offset < data.count
+        var a: UInt32 = 1, b: UInt32 = 0
+        for byte in data { a = (a + UInt32(byte)) % 65521; b = (b + a) % 65521 }
+        return out + be32(b << 16 | a)
+    }
+
+    static func crc32(_ bytes: [UInt8]) -> UInt32 {
+        var crc: UInt32 = 0xffff_ffff
+        for byte in bytes {
+            crc ^= UInt32(byte)
+            for _ in 0..<8 { crc = crc & 1 == 1 ? 0xEDB8_8320 ^ (crc >> 1) : crc >> 1 }
+        }
+        return ~crc
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+import GRDB
+
+public enum TransferLogError: Error, Equatable, CustomStringConvertible {
+    case missingDatabase(path: String)
+    /// The file is not a transfer log, or was written by an incompatible version.
+    case unsupportedSchema(path: String)
+
+    public var description: String {
+        switch self {
+        case .missingDatabase(let path):
+            "no transfer log at \(path) (has dragbrokerd run yet?)"
+        case .unsupportedSchema(let path):
+            "\(path) is not a transfer log this version of dragbroker can read"
+        }
+    }
+}
+
+/// The SQLite record of every drag session and data load.
+public final class TransferLog: Sendable {
+    public enum Entry: Sendable, Equatable {
+        case session(SessionRecord)
+        case load(LoadRecord)
+    }
+
+    public static let defaultQueueCapacity = 10_000
+
+    private let pool: DatabasePool
+    /// Nil for read-only logs.
+    private let writer: BatchWriter?
+
+    /// Opens (creating if needed) the log for writing and migrates it.
+    ///
+    /// - Parameters:
+    ///   - queueCapacity: entries held in memory before `submit` starts refusing.
+    ///   - onWriteError: called on the writer's queue, never on the submitter's;
+    ///     it must not call `flush()`.
+    public convenience init(
+        path: String,
+        queueCapacity: Int = TransferLog.defaultQueueCapacity,
+        onWriteError: (@Sendable (any Error) -> Void)? = nil
+    ) throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        if !directory.isEmpty {
+            // Session history reveals which apps the user works with: keep it private.
+            try FileManager.default.createDirectory(
+                atPath: directory, withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700])
+        }
+        var config = Configuration()
+        // Only the writer queue ever waits here, never the bus loop, so waiting
+        // out a concurrent checkpoint beats dropping a batch.
+        config.busyMode = .timeout(5)
+        let pool = try DatabasePool(path: path, configuration: config)
+        try Schema.migrator.migrate(pool)
+        self.init(pool: pool, writer: BatchWriter(pool: pool, capacity: queueCapacity, onError: onWriteError))
+    }
+
+    /// Opens an existing log for reading only, as `dragctl log` does while the
+    /// daemon may be writing to it.
+    public static func openReadOnly(path: String) throws -> TransferLog {
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw TransferLogError.missingDatabase(path: path)
+        }
+        var config = Configuration()
+        config.readonly = true
+        let pool = try DatabasePool(path: path, configuration: config)
+        let compatible = try pool.read { db in
+            try Schema.migrator.hasCompletedMigrations(db)
+        }
+        guard compatible else { throw TransferLogError.unsupportedSchema(path: path) }
+        return TransferLog(pool: pool, writer: nil)
+    }
+
+    private init(pool: DatabasePool, writer: BatchWriter?) {
+        self.pool = pool
+        self.writer = writer
+    }
+
+    /// Queues an entry for the background writer without touching the disk.
+    ///
+    /// - Returns: false if the queue is full or the log is read-only; the entry
+    ///   is then not recorded.
+    @discardableResult
+    public func submit(_ entry: Entry) -> Bool {
+        writer?.submit(entry) ?? false
+    }
+
+    /// Blocks until every entry submitted before the call is committed (or has
+    /// failed and been reported). Do not call from the bus event loop.
+    public func flush() {
+        writer?.flush()
+    }
+
+    /// The most recent failure to write a batch, if any; kept until replaced.
+    public var lastWriteError: (any Error)? {
+        writer?.lastWriteError
+    }
+
+    /// Newest first.
+    public func sessions(limit: Int = 100) throws -> [SessionRecord] {
+        try pool.read { db in
+            try SessionRecord
+                .order(Column("startedAt").desc, Column("sessionID").desc)
+                .limit(limit)
+                .fetchAll(db)
+        }
+    }
+
+    /// Newest first, optionally restricted to one session.
+    public func loads(limit: Int = 100, sessionID: String? = nil) throws -> [LoadRecord] {
+        try pool.read { db in
+            var request = LoadRecord.all()
+            if let sessionID {
+                request = request.filter(Column("sessionID") == sessionID)
+            }
+            return try request
+                .order(Column("startedAt").desc, Column("id").desc)
+                .limit(limit)
+                .fetchAll(db)
+        }
+    }
+
+    /// Lets tests inspect the file without depending on GRDB themselves.
+    func strings(sql: String) throws -> [String] {
+        try pool.read { try String.fetchAll($0, sql: sql) }
+    }
+
+    var backgroundWriter: BatchWriter? { writer }
+}
+
+extension TransferLog {
+    /// Where the daemon keeps its log: `$DRAGBROKER_STATE_DIRECTORY` (e.g. set
+    /// from systemd's `StateDirectory=`), then the XDG state directory.
+    public static func defaultPath(
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) -> String {
+        let fileName = "transfers.sqlite"
+        if let directory = environment["DRAGBROKER_STATE_DIRECTORY"], !directory.isEmpty {
+            return (directory as NSString).appendingPathComponent(fileName)
+        }
+        // The XDG spec says to ignore relative values.
+        if let stateHome = environment["XDG_STATE_HOME"], stateHome.hasPrefix("/") {
+            return ((stateHome as NSString).appendingPathComponent("dragbroker") as NSString)
+                .appendingPathComponent(fileName)
+        }
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        return NSString.path(withComponents: [home, ".local", "state", "dragbroker", fileName])
+    }
+}

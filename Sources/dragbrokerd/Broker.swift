@@ -1,0 +1,377 @@
+import BrokerProtocol
+import BusKit
+import CSystemd
+import Foundation
+import Logging
+import TransferLog
+
+/// The daemon's state and rules: live sessions, who takes part in each, and their loads.
+/// Confined to the event loop thread, as are all bus callbacks that reach it.
+final class Broker {
+    let bus: Bus
+    let limits: Limits
+    let logger: Logger
+    private let transferLog: TransferLog
+    private let identities = IdentityResolver()
+    private(set) var sessions: [String: Session] = [:]
+    private var nextSessionNumber = 1
+    private var manager: ManagerObject?
+    private var objectManager: Slot?
+    private var peerWatch: Slot?
+    private var retiredSessions: Slot?
+
+    init(bus: Bus, transferLog: TransferLog, limits: Limits, logger: Logger) {
+        self.bus = bus
+        self.transferLog = transferLog
+        self.limits = limits
+        self.logger = logger
+    }
+
+    /// Exports the manager and starts watching peers. Call before owning the bus name, so
+    /// nobody can reach a half-built daemon.
+    func start() throws(BusError) {
+        objectManager = try bus.addObjectManager(path: BrokerNames.managerPath)
+        manager = try ManagerObject(broker: self)
+        // A call on a session that has ended gets a broker error, not sd-bus's UnknownObject.
+        retiredSessions = try bus.addFallback(prefix: BrokerNames.sessionPath(id: "").dropLast().description) { [unowned self] call in
+            guard call.message.interface == BrokerNames.sessionInterface, let path = call.message.path,
+                  !sessions.values.contains(where: { $0.path == path }) else { return false }
+            call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
+            return true
+        }
+        peerWatch = try bus.matchSignal(sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                                        interface: "org.freedesktop.DBus", member: "NameOwnerChanged") { [unowned self] m in
+            guard let name = try? m.readString(), let _ = try? m.readString(), let newOwner = try? m.readString(),
+                  name.hasPrefix(":"), newOwner.isEmpty else { return }
+            peerVanished(name)
+        }
+    }
+
+    /// Ends every session with a reason and flushes the transfer log.
+    func shutdown() {
+        for session in Array(sessions.values) {
+            end(session, outcome: "cancelled", error: BrokerError(.cancelled, "The broker is shutting down"))
+        }
+        transferLog.flush()
+    }
+
+    func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
+        try identities.identity(of: call)
+    }
+
+    // MARK: Source
+
+    func begin(source: AppIdentity, items: [ItemDescriptor], options: SessionOptions, providerPath: String) throws(BrokerError) -> Session {
+        guard sessions.count < limits.sessionsTotal else {
+            throw .limitExceeded("The broker holds \(sessions.count) sessions, its limit")
+        }
+        let own = sessions.values.filter { $0.source.uniqueName == source.uniqueName }.count
+        guard own < limits.sessionsPerConnection else {
+            throw .limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
+        }
+        let id = "s\(nextSessionNumber)"
+        nextSessionNumber += 1
+        let session = Session(id: id, token: try Self.randomToken(), source: source, providerPath: providerPath,
+                              items: items, options: options)
+        do {
+            session.object = try SessionObject(broker: self, session: session)
+        } catch {
+            throw BrokerError(.failed, "Failed to export session \(id): \(error.message)")
+        }
+        sessions[id] = session
+        try? bus.emitObjectAdded(path: session.path)
+        manager?.sessionCountChanged()
+        logger.info("Session \(id) begun by \(source.appID) (pid \(source.pid)) with \(items.count) item(s)")
+        return session
+    }
+
+    func cancel(_ session: Session, by caller: AppIdentity) throws(BrokerError) {
+        guard caller.uniqueName == session.source.uniqueName else {
+            throw .accessDenied("Only the source of session \(session.id) may cancel it")
+        }
+        end(session, outcome: "cancelled", error: BrokerError(.cancelled, "The source cancelled the drag"))
+    }
+
+    // MARK: Destination
+
+    func present(token: String, by caller: AppIdentity) throws(BrokerError) -> Session {
+        guard let bytes = Self.decodeHex(token), token.count <= limits.tokenLength,
+              let session = sessions.values.first(where: { $0.matches(token: bytes) }) else {
+            throw .notFound("No live session has this token")
+        }
+        if session.destinations[caller.uniqueName] == nil {
+            guard session.destinations.count < limits.destinationsPerSession else {
+                throw .limitExceeded("Session \(session.id) already has \(session.destinations.count) destinations")
+            }
+            session.destinations[caller.uniqueName] = Session.Destination(identity: caller)
+        }
+        return session
+    }
+
+    /// Source and destinations may describe a session; nobody else learns anything of it.
+    func requireParticipant(_ caller: AppIdentity, _ session: Session) throws(BrokerError) {
+        guard caller.uniqueName == session.source.uniqueName || session.destinations[caller.uniqueName] != nil else {
+            throw .accessDenied("Present the session token with PresentToken before using session \(session.id)")
+        }
+    }
+
+    func propose(_ proposal: DropOperation, by caller: AppIdentity, in session: Session, entering: Bool) throws(BrokerError) -> DropOperation {
+        guard var destination = session.destinations[caller.uniqueName] else {
+            throw .accessDenied("Present the session token with PresentToken before proposing a drop")
+        }
+        guard session.state == .active else {
+            throw .wrongState("Session \(session.id) is \(session.state.rawValue): proposals are over")
+        }
+        if !entering && session.current != caller.uniqueName {
+            throw .wrongState("Call Enter before Update: the drag is not over this destination")
+        }
+        destination.proposal = proposal
+        destination.allowed = session.allowedOperation(for: proposal, by: caller)
+        session.destinations[caller.uniqueName] = destination
+        session.current = caller.uniqueName
+        return destination.allowed
+    }
+
+    func exit(by caller: AppIdentity, from session: Session) throws(BrokerError) {
+        guard session.destinations[caller.uniqueName] != nil else {
+            throw .accessDenied("Present the session token with PresentToken before using session \(session.id)")
+        }
+        if session.current == caller.uniqueName { session.current = nil }
+    }
+
+    func performDrop(by caller: AppIdentity, in session: Session) throws(BrokerError) -> DropOperation {
+        guard let destination = session.destinations[caller.uniqueName] else {
+            throw .accessDenied("Present the session token with PresentToken before performing a drop")
+        }
+        guard session.state == .active else {
+            throw .wrongState("Session \(session.id) is \(session.state.rawValue): it has already been dropped")
+        }
+        guard session.current == caller.uniqueName else {
+            throw .wrongState("Call Enter with a proposal before PerformDrop")
+        }
+        guard destination.allowed == .copy || destination.allowed == .move else {
+            throw .wrongState("The current proposal allows '\(destination.allowed.rawValue)': a drop needs copy or move")
+        }
+        session.state = .dropped
+        session.operation = destination.allowed
+        session.dropDestination = caller.uniqueName
+        session.object?.stateChanged()
+        session.object?.emitWillEnd()
+        logger.info("Session \(session.id) dropped on \(caller.appID) with \(destination.allowed.rawValue)")
+        return destination.allowed
+    }
+
+    func conclude(by caller: AppIdentity, _ session: Session) throws(BrokerError) {
+        guard session.state != .active else {
+            throw .wrongState("Session \(session.id) has not been dropped: only the drop destination concludes it")
+        }
+        guard caller.uniqueName == session.dropDestination else {
+            throw .accessDenied("Only the destination that performed the drop may conclude session \(session.id)")
+        }
+        guard session.state == .dropped else {
+            throw .wrongState("Session \(session.id) is already concluded")
+        }
+        session.state = .concluded
+        session.object?.stateChanged()
+        session.object?.emitEnded(error: nil)
+        if session.loads.isEmpty { finishTransfer(session) }
+    }
+
+    // MARK: Loads
+
+    /// Starts a load; returns the read end of the destination's pipe (the caller closes it after
+    /// replying) and the load's ID.
+    func load(item: UInt32, type: String, by caller: AppIdentity, in session: Session) throws(BrokerError) -> (fd: Int32, id: UInt32) {
+        switch session.state {
+        case .active:
+            throw .wrongState("Loads are allowed only after PerformDrop")
+        case .concluded:
+            throw .wrongState("Session \(session.id) was concluded: no new loads")
+        case .dropped:
+            break
+        }
+        guard caller.uniqueName == session.dropDestination else {
+            throw .accessDenied("Only the destination that performed the drop may load from session \(session.id)")
+        }
+        guard Int(item) < session.items.count else {
+            throw .notFound("No item \(item): session \(session.id) has \(session.items.count) item(s)")
+        }
+        guard session.items[Int(item)].representations.contains(where: { $0.typeIdentifier == type && session.isVisible($0, to: caller) }) else {
+            throw .notFound("Item \(item) has no representation of type '\(type)'")
+        }
+        guard session.loads.count < limits.concurrentLoadsPerSession else {
+            throw .limitExceeded("Session \(session.id) already has \(session.loads.count) loads in flight")
+        }
+        let load = Load(id: session.nextLoadID, item: item, typeIdentifier: type, destination: caller)
+        session.nextLoadID += 1
+        let proxy = try PipeProxy(loop: bus.loop) { [unowned self, unowned session] (outcome: PipeProxy.Outcome) in
+            switch outcome {
+            case .endOfData:
+                load.dataEnded = true
+                if load.providerAnswered { finishLoad(load, in: session, error: nil) }
+            case .destinationClosed:
+                finishLoad(load, in: session, error: BrokerError(.cancelled, "The destination closed its end of the load"))
+            case .failed(let reason):
+                finishLoad(load, in: session, error: BrokerError(.failed, reason))
+            }
+        }
+        load.proxy = proxy
+        defer { close(proxy.sourceEnd) }
+        do {
+            let call = try bus.newMethodCall(destination: session.source.uniqueName, path: session.providerPath,
+                                             interface: BrokerNames.providerInterface, member: "Provide")
+            try call.append(objectPath: session.path)
+            try call.append(item)
+            try call.append(type)
+            try call.append(fileDescriptor: proxy.sourceEnd)
+            load.providerCall = try bus.callAsync(call, timeout: limits.providerTimeout) { [unowned self, unowned session] result in
+                load.providerCall = nil
+                switch result {
+                case .success:
+                    load.providerAnswered = true
+                    if load.dataEnded { finishLoad(load, in: session, error: nil) }
+                case .failure(let error):
+                    finishLoad(load, in: session, error: Self.providerError(error))
+                }
+            }
+        } catch {
+            close(proxy.destinationEnd)
+            throw BrokerError(.failed, "Failed to ask the source for the data: \(error.message)")
+        }
+        session.loads[load.id] = load
+        return (proxy.destinationEnd, load.id)
+    }
+
+    private static func providerError(_ error: BusError) -> BrokerError {
+        switch error.name {
+        case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout", "System.Error.ETIMEDOUT":
+            BrokerError(.timeout, "The source did not provide the data in time")
+        default:
+            BrokerError(.providerFailed, "The source failed to provide the data: \(error.name): \(error.message)")
+        }
+    }
+
+    private func finishLoad(_ load: Load, in session: Session, error: BrokerError?) {
+        guard session.loads.removeValue(forKey: load.id) != nil else { return }
+        load.providerCall = nil
+        let bytes = load.proxy?.bytes ?? 0
+        load.proxy?.stop()
+        load.proxy = nil
+        session.object?.emitLoadFinished(load, bytes: bytes, error: error)
+        transferLog.submit(.load(LoadRecord(
+            id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
+            typeIdentifier: load.typeIdentifier, bytes: Int64(bytes), startedAt: load.startedAt, endedAt: Date(),
+            outcome: Self.outcome(of: error), errorName: error?.code.busName)))
+        if let error {
+            logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(bytes) bytes: \(error)")
+        } else {
+            logger.info("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) delivered \(bytes) bytes")
+        }
+        if session.state == .concluded && session.loads.isEmpty { finishTransfer(session) }
+    }
+
+    private static func outcome(of error: BrokerError?) -> String {
+        switch error?.code {
+        case nil: "completed"
+        case .cancelled: "cancelled"
+        case .timeout: "timed-out"
+        case .disconnected: "disconnected"
+        case .accessDenied: "denied"
+        default: "failed"
+        }
+    }
+
+    // MARK: Ending
+
+    /// The drop destination concluded and every load is done: tell the source and retire the session.
+    private func finishTransfer(_ session: Session) {
+        session.object?.emitTransferFinished()
+        retire(session, outcome: "completed", error: nil)
+    }
+
+    /// Ends a session early: loads stop, every party is told why.
+    func end(_ session: Session, outcome: String, error: BrokerError) {
+        for load in Array(session.loads.values) {
+            finishLoad(load, in: session, error: error)
+        }
+        if session.state != .concluded {
+            if session.state == .active { session.operation = .cancel }
+            session.object?.emitEnded(error: error)
+        }
+        retire(session, outcome: outcome, error: error)
+    }
+
+    private func retire(_ session: Session, outcome: String, error: BrokerError?) {
+        guard sessions.removeValue(forKey: session.id) != nil else { return }
+        try? bus.emitObjectRemoved(path: session.path)
+        // The object may be answering the very call that retired it: unexport it once that returns.
+        let object = session.object
+        session.object = nil
+        bus.loop.soon { _ = object }
+        manager?.sessionCountChanged()
+        let destination = session.dropDestination.flatMap { session.destinations[$0]?.identity.appID }
+        transferLog.submit(.session(SessionRecord(
+            sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,
+            itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome,
+            errorName: error?.code.busName, startedAt: session.createdAt, endedAt: Date())))
+        logger.info("Session \(session.id) ended: \(outcome)\(error.map { " (\($0))" } ?? "")")
+    }
+
+    /// A peer's connection went away: tear down what depends on it and tell the others.
+    private func peerVanished(_ uniqueName: String) {
+        identities.forget(uniqueName)
+        for session in Array(sessions.values) {
+            if session.source.uniqueName == uniqueName {
+                end(session, outcome: "source-disconnected",
+                    error: BrokerError(.disconnected, "The source app \(session.source.appID) disconnected"))
+            } else if session.dropDestination == uniqueName {
+                end(session, outcome: "destination-disconnected",
+                    error: BrokerError(.disconnected, "The destination app \(session.destinations[uniqueName]?.identity.appID ?? uniqueName) disconnected"))
+            } else if session.destinations.removeValue(forKey: uniqueName) != nil, session.current == uniqueName {
+                session.current = nil
+            }
+        }
+    }
+
+    // MARK: Tokens
+
+    /// 256 bits from getrandom(2), hex-encoded for the windowing system's drag data.
+    static func randomToken() throws(BrokerError) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: 32)
+        let n = bytes.withUnsafeMutableBytes { shim_getrandom($0.baseAddress, $0.count) }
+        guard n == 32 else { throw BrokerError(.failed, "Failed to read random bytes for a session token") }
+        return bytes
+    }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for b in bytes {
+            out.append(digits[Int(b >> 4)])
+            out.append(digits[Int(b & 0xf)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    static func decodeHex(_ text: String) -> [UInt8]? {
+        let chars = Array(text.utf8)
+        guard chars.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(chars.count / 2)
+        func value(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+            default: nil
+            }
+        }
+        var i = 0
+        while i < chars.count {
+            guard let hi = value(chars[i]), let lo = value(chars[i + 1]) else { return nil }
+            out.append(hi << 4 | lo)
+            i += 2
+        }
+        return out
+    }
+}

@@ -1,0 +1,145 @@
+import BrokerProtocol
+import BusKit
+import Glibc
+
+/// The bus face of one session: `org.dragbroker.Broker1.Session` at the session's path.
+/// Its signals are unicast, so only the session's parties ever receive them.
+final class SessionObject {
+    private unowned let broker: Broker
+    private unowned let session: Session
+    private var exported: ExportedObject?
+
+    init(broker: Broker, session: Session) throws(BusError) {
+        self.broker = broker
+        self.session = session
+        exported = try broker.bus.export(
+            path: session.path, interface: BrokerInterfaces.session,
+            implementation: InterfaceImplementation(
+                methods: [
+                    "GetItems": serve { [unowned self] in try getItems($0) },
+                    "Enter": serve { [unowned self] in try propose($0, entering: true) },
+                    "Update": serve { [unowned self] in try propose($0, entering: false) },
+                    "Exit": serve { [unowned self] in try exit($0) },
+                    "PerformDrop": serve { [unowned self] in try performDrop($0) },
+                    "Load": serve { [unowned self] in try load($0) },
+                    "Conclude": serve { [unowned self] in try conclude($0) },
+                    "Cancel": serve { [unowned self] in try cancel($0) },
+                ],
+                properties: [
+                    "Id": { [unowned self] m throws(BusError) in try m.append(self.session.id) },
+                    "SourceApp": { [unowned self] m throws(BusError) in try m.append(self.session.source.appID) },
+                    "State": { [unowned self] m throws(BusError) in try m.append(self.session.state.rawValue) },
+                    "ItemCount": { [unowned self] m throws(BusError) in try m.append(UInt32(self.session.items.count)) },
+                    "Operation": { [unowned self] m throws(BusError) in try m.append(self.session.operation.rawValue) },
+                ]))
+    }
+
+    // MARK: Methods
+
+    private func getItems(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try broker.requireParticipant(caller, session)
+        let items = session.visibleItems(for: caller)
+        try reply(call) { r throws(BusError) in
+            try r.openContainer("a", VisibleItem.signature)
+            for item in items { try item.encode(to: r) }
+            try r.closeContainer()
+        }
+    }
+
+    private func propose(_ call: MethodCall, entering: Bool) throws(BrokerError) {
+        let name = try argument("proposal") { () throws(BusError) in try call.message.readString() }
+        guard let proposal = DropOperation(rawValue: name) else {
+            throw .invalidArgument("Unknown proposal '\(name)': expected cancel, forbidden, copy or move")
+        }
+        let caller = try broker.identity(of: call)
+        let allowed = try broker.propose(proposal, by: caller, in: session, entering: entering)
+        try reply(call) { r throws(BusError) in try r.append(allowed.rawValue) }
+    }
+
+    private func exit(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try broker.exit(by: caller, from: session)
+        try reply(call)
+    }
+
+    private func performDrop(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        let operation = try broker.performDrop(by: caller, in: session)
+        try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
+    }
+
+    private func load(_ call: MethodCall) throws(BrokerError) {
+        let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
+        let type = try argument("type") { () throws(BusError) in try call.message.readString() }
+        let caller = try broker.identity(of: call)
+        let (fd, id) = try broker.load(item: item, type: type, by: caller, in: session)
+        defer { close(fd) }
+        try reply(call) { r throws(BusError) in
+            try r.append(fileDescriptor: fd)
+            try r.append(id)
+        }
+    }
+
+    private func conclude(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try broker.conclude(by: caller, session)
+        try reply(call)
+    }
+
+    private func cancel(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try broker.cancel(session, by: caller)
+        try reply(call)
+    }
+
+    // MARK: Events
+
+    func stateChanged() {
+        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface,
+                                               properties: ["State", "Operation"])
+    }
+
+    private var parties: [String] {
+        [session.source.uniqueName] + session.destinations.keys.filter { $0 != session.source.uniqueName }.sorted()
+    }
+
+    private func emit(_ member: String, to destination: String, _ build: (Message) throws(BusError) -> Void = { _ in }) {
+        do {
+            try broker.bus.emitSignal(path: session.path, interface: BrokerNames.sessionInterface, member: member,
+                                      destination: destination, build)
+        } catch {
+            broker.logger.warning("Failed to emit \(member) to \(destination): \(error), ignoring")
+        }
+    }
+
+    func emitWillEnd() {
+        let operation = session.operation.rawValue
+        emit("WillEnd", to: session.source.uniqueName) { m throws(BusError) in try m.append(operation) }
+    }
+
+    /// Tells the source and every destination that the session ended, and why when it failed.
+    func emitEnded(error: BrokerError?) {
+        let operation = error == nil ? session.operation : (session.state == .active ? .cancel : session.operation)
+        for party in parties {
+            emit("Ended", to: party) { m throws(BusError) in
+                try m.append(operation.rawValue)
+                try m.append(error?.code.busName ?? "")
+                try m.append(error?.message ?? "")
+            }
+        }
+    }
+
+    func emitTransferFinished() {
+        emit("TransferFinished", to: session.source.uniqueName)
+    }
+
+    func emitLoadFinished(_ load: Load, bytes: UInt64, error: BrokerError?) {
+        emit("LoadFinished", to: load.destination.uniqueName) { m throws(BusError) in
+            try m.append(load.id)
+            try m.append(bytes)
+            try m.append(error?.code.busName ?? "")
+            try m.append(error?.message ?? "")
+        }
+    }
+}

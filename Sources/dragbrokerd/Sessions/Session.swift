@@ -1,0 +1,108 @@
+import BrokerProtocol
+import BusKit
+import Foundation
+
+/// A live drag session: the model, apart from its bus face (`SessionObject`).
+final class Session {
+    enum State: String {
+        /// Dragging: destinations may enter, propose and exit.
+        case active
+        /// A destination performed the drop; it alone may load.
+        case dropped
+        /// The drop destination concluded; loads in flight finish, no new ones start.
+        case concluded
+    }
+
+    /// A destination that presented the token.
+    struct Destination {
+        var identity: AppIdentity
+        var proposal: DropOperation = .cancel
+        var allowed: DropOperation = .cancel
+    }
+
+    let id: String
+    let path: String
+    let token: [UInt8]
+    let source: AppIdentity
+    let providerPath: String
+    let options: SessionOptions
+    let createdAt: Date
+    var items: [ItemDescriptor]
+    var state: State = .active
+    var operation: DropOperation = .cancel
+    var destinations: [String: Destination] = [:]
+    /// The destination the drag is currently over (entered and not exited).
+    var current: String?
+    /// The destination that performed the drop.
+    var dropDestination: String?
+    var loads: [UInt32: Load] = [:]
+    var nextLoadID: UInt32 = 1
+    var object: SessionObject?
+
+    init(id: String, token: [UInt8], source: AppIdentity, providerPath: String, items: [ItemDescriptor],
+         options: SessionOptions) {
+        self.id = id
+        self.path = BrokerNames.sessionPath(id: id)
+        self.token = token
+        self.source = source
+        self.providerPath = providerPath
+        self.items = items
+        self.options = options
+        self.createdAt = Date()
+    }
+
+    /// Compares in time independent of where the first difference is.
+    func matches(token candidate: [UInt8]) -> Bool {
+        guard candidate.count == token.count else { return false }
+        var difference: UInt8 = 0
+        for i in 0..<token.count { difference |= token[i] ^ candidate[i] }
+        return difference == 0
+    }
+
+    /// The items as `identity` may see them: only the types visible to it.
+    func visibleItems(for identity: AppIdentity) -> [VisibleItem] {
+        items.map { item in
+            VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
+                        preferredHeight: item.preferredHeight,
+                        typeIdentifiers: item.representations.filter { isVisible($0, to: identity) }.map(\.typeIdentifier))
+        }
+    }
+
+    func isVisible(_ representation: RepresentationDescriptor, to identity: AppIdentity) -> Bool {
+        switch representation.visibility {
+        case .all: true
+        case .app: identity.appID == source.appID
+        case .team: identity.appID == source.appID || (source.team != nil && identity.team == source.team)
+        }
+    }
+
+    /// The operation the broker will allow for `proposal` by `destination`: a move is
+    /// allowed only within the source app and only when the source allows it; otherwise
+    /// the data is copied.
+    func allowedOperation(for proposal: DropOperation, by destination: AppIdentity) -> DropOperation {
+        switch proposal {
+        case .cancel, .forbidden, .copy: proposal
+        case .move: (options.allowsMove && destination.appID == source.appID) ? .move : .copy
+        }
+    }
+}
+
+/// One load in flight: a provider call and a pipe proxy.
+final class Load {
+    let id: UInt32
+    let item: UInt32
+    let typeIdentifier: String
+    let destination: AppIdentity
+    let startedAt = Date()
+    var proxy: PipeProxy?
+    var providerCall: Slot?
+    var providerAnswered = false
+    var dataEnded = false
+
+    init(id: UInt32, item: UInt32, typeIdentifier: String, destination: AppIdentity) {
+        self.id = id
+        self.item = item
+        self.typeIdentifier = typeIdentifier
+        self.destination = destination
+    }
+}

@@ -1,0 +1,97 @@
+import BrokerProtocol
+import BusKit
+import CSystemd
+import Foundation
+import Logging
+import TransferLog
+
+/// dragbrokerd: holds live drag sessions on the bus and proxies dropped data.
+struct Options {
+    var address: String?
+    var stateDirectory: String?
+
+    static let usage = """
+        Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR]
+
+        Brokers drag and drop between apps on the D-Bus session bus.
+
+          --address ADDRESS        connect to this bus instead of the session bus
+          --state-directory DIR    keep the transfer log in DIR
+                                   (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker)
+          --version                print the version and exit
+          -h, --help               print this help and exit
+        """
+
+    static func parse(_ arguments: [String]) -> Options {
+        var options = Options()
+        var rest = arguments[...]
+        func value(_ flag: String) -> String {
+            guard let v = rest.popFirst() else { fail("\(flag) needs a value") }
+            return v
+        }
+        while let argument = rest.popFirst() {
+            switch argument {
+            case "--address": options.address = value(argument)
+            case "--state-directory": options.stateDirectory = value(argument)
+            case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
+            case "-h", "--help": print(usage); exit(0)
+            default: fail("unknown argument '\(argument)'")
+            }
+        }
+        return options
+    }
+
+    static func fail(_ message: String) -> Never {
+        FileHandle.standardError.write(Data("dragbrokerd: \(message)\n\(usage)\n".utf8))
+        exit(2)
+    }
+}
+
+func transferLogPath(_ options: Options) -> String {
+    let environment = ProcessInfo.processInfo.environment
+    if let directory = options.stateDirectory ?? environment["STATE_DIRECTORY"].flatMap({ $0.split(separator: ":").first.map(String.init) }) {
+        return directory + "/transfers.sqlite"
+    }
+    return TransferLog.defaultPath(environment: environment)
+}
+
+func runDaemon() -> Int32 {
+    let options = Options.parse(Array(CommandLine.arguments.dropFirst()))
+    LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
+    var logger = Logger(label: "dragbrokerd")
+    logger.logLevel = ProcessInfo.processInfo.environment["DRAGBROKER_DEBUG"] == nil ? .info : .debug
+
+    // A peer that closes its pipe must cost an EPIPE, never the daemon.
+    shim_ignore_sigpipe()
+    do {
+        let loop = try EventLoop()
+        // Signals arrive through the loop; block them before any other thread exists.
+        let terminate = { [logger] in
+            logger.info("Received a termination signal, ending sessions")
+            loop.exit()
+        }
+        let watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
+        let path = transferLogPath(options)
+        let transferLog = try TransferLog(path: path) { error in
+            Logger(label: "dragbrokerd").error("Failed to write the transfer log: \(error)")
+        }
+        let address = options.address ?? ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"]
+        let bus = try Bus.connect(address: address, loop: loop, description: "dragbrokerd")
+        let broker = Broker(bus: bus, transferLog: transferLog, limits: Limits(), logger: logger)
+        try broker.start()
+        try bus.requestName(BrokerNames.busName)
+        logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
+        // Ready only now that the name is ours: activation waits for exactly this.
+        _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName)")
+        try loop.run()
+        _ = shim_notify("STOPPING=1")
+        broker.shutdown()
+        withExtendedLifetime(watches) {}
+        return 0
+    } catch {
+        logger.critical("Failed to start: \(error)")
+        return 1
+    }
+}
+
+exit(runDaemon())

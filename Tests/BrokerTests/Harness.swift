@@ -1,0 +1,215 @@
+import BrokerProtocol
+import Foundation
+import TransferLog
+import XCTest
+
+/// Where `swift build` put the products: beside the test bundle.
+let productsDirectory: URL = {
+    if let dir = ProcessInfo.processInfo.environment["DRAGBROKER_PRODUCTS"] { return URL(fileURLWithPath: dir) }
+    return URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+}()
+
+/// Lines from a child's output, collected on a thread of their own.
+final class LineReader: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var lines: [String] = []
+    private var closed = false
+
+    init(_ handle: FileHandle) {
+        let thread = Thread { [self] in
+            var pending = Data()
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...newline)
+                    condition.lock(); lines.append(line); condition.broadcast(); condition.unlock()
+                }
+            }
+            condition.lock(); closed = true; condition.broadcast(); condition.unlock()
+        }
+        thread.start()
+    }
+
+    /// Removes and returns the first line satisfying `match`, waiting up to `timeout` seconds.
+    func take(timeout: TimeInterval = 20, where match: (String) -> Bool) -> String? {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            if let index = lines.firstIndex(where: match) { return lines.remove(at: index) }
+            if closed || !condition.wait(until: deadline) { return lines.firstIndex(where: match).map { lines.remove(at: $0) } }
+        }
+    }
+
+    /// Every line seen so far that satisfies `match`, without removing any.
+    func all(where match: (String) -> Bool) -> [String] {
+        condition.lock()
+        defer { condition.unlock() }
+        return lines.filter(match)
+    }
+
+    var text: String {
+        condition.lock()
+        defer { condition.unlock() }
+        return lines.joined(separator: "\n")
+    }
+}
+
+/// A private dbus-daemon for one suite: never the host's bus.
+final class PrivateBus {
+    let address: String
+    private let daemon: Child
+
+    init() throws {
+        daemon = try Child(executable: URL(fileURLWithPath: "/usr/bin/dbus-daemon"),
+                           arguments: ["--session", "--nofork", "--nopidfile", "--print-address=1"],
+                           environment: ["PATH": "/usr/bin:/bin"])
+        guard let address = daemon.stdout.take(where: { $0.hasPrefix("unix:") }) else {
+            throw HarnessError("dbus-daemon did not start: \(daemon.stderr.text)")
+        }
+        self.address = address
+    }
+
+    deinit { daemon.terminate() }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A child process whose stdout we read line by line.
+class Child {
+    let process = Process()
+    let stdout: LineReader
+    let stderr: LineReader
+    private let input = Pipe()
+
+    init(executable: URL, arguments: [String] = [], environment: [String: String]) throws {
+        process.executableURL = executable
+        process.arguments = arguments
+        process.environment = environment
+        let out = Pipe(), err = Pipe()
+        process.standardInput = input
+        process.standardOutput = out
+        process.standardError = err
+        stdout = LineReader(out.fileHandleForReading)
+        stderr = LineReader(err.fileHandleForReading)
+        try process.run()
+    }
+
+    func send(_ line: String) {
+        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+    }
+
+    func kill(_ signal: Int32 = SIGKILL) {
+        Glibc.kill(process.processIdentifier, signal)
+        process.waitUntilExit()
+    }
+
+    func terminate() {
+        if process.isRunning { kill(SIGTERM) }
+    }
+
+    deinit { terminate() }
+}
+
+/// The daemon under test, on a private bus with its own state directory.
+final class Daemon: Child {
+    let stateDirectory: URL
+
+    init(bus: PrivateBus, stateDirectory: URL, extraArguments: [String] = []) throws {
+        self.stateDirectory = stateDirectory
+        try super.init(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
+                       arguments: ["--address", bus.address, "--state-directory", stateDirectory.path] + extraArguments,
+                       environment: ["PATH": "/usr/bin:/bin"])
+        guard stderr.take(where: { $0.contains("Serving org.dragbroker.Broker1") }) != nil else {
+            throw HarnessError("dragbrokerd did not start: \(stderr.text)")
+        }
+    }
+
+    var transferLogPath: String { stateDirectory.appendingPathComponent("transfers.sqlite").path }
+
+    /// Waits until the log holds what `ready` looks for: records are written off the bus path.
+    func waitForLog<T>(timeout: TimeInterval = 20, _ ready: (TransferLog) throws -> T?) throws -> T {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if let log = try? TransferLog.openReadOnly(path: transferLogPath), let value = try ready(log) { return value }
+            usleep(50_000)
+        }
+        throw HarnessError("the transfer log never showed the expected records")
+    }
+}
+
+/// One app: a copy of the test peer at its own path, so the daemon sees a distinct executable.
+final class Peer: Child {
+    private(set) var uniqueName = ""
+    let executable: URL
+
+    init(app: String, in directory: URL, bus: PrivateBus) throws {
+        let binary = directory.appendingPathComponent("apps/\(app)")
+        if !FileManager.default.fileExists(atPath: binary.path) {
+            try FileManager.default.createDirectory(at: binary.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try FileManager.default.copyItem(at: productsDirectory.appendingPathComponent("dragbroker-testpeer"), to: binary)
+        }
+        executable = binary
+        try super.init(executable: binary, environment: ["DRAGBROKER_BUS_ADDRESS": bus.address, "PATH": "/usr/bin:/bin"])
+        guard let ready = stdout.take(where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR ") }), ready.hasPrefix("READY ") else {
+            throw HarnessError("peer \(app) did not connect: \(stdout.text) \(stderr.text)")
+        }
+        uniqueName = String(ready.dropFirst("READY ".count))
+    }
+
+    /// Sends a command and returns its one-line answer (`OK ...` or `ERR <name> <message>`).
+    @discardableResult
+    func run(_ command: String, timeout: TimeInterval = 30) -> String {
+        send(command)
+        return stdout.take(timeout: timeout) { $0.hasPrefix("OK") || $0.hasPrefix("ERR") } ?? "TIMEOUT waiting for \(command)"
+    }
+
+    /// Waits for an event line, exactly.
+    func waitFor(_ line: String, timeout: TimeInterval = 20) -> Bool {
+        stdout.take(timeout: timeout) { $0 == line } != nil
+    }
+
+    var handlerCalls: [String] { stdout.all { $0.hasPrefix("HANDLER ") } }
+
+    /// Begins a drag from a JSON spec; returns the token.
+    func begin(_ json: String) throws -> (token: String, path: String) {
+        let answer = run("begin " + json)
+        let parts = answer.split(separator: " ")
+        guard parts.count == 3, parts[0] == "OK" else { throw HarnessError("begin failed: \(answer)") }
+        return (String(parts[1]), String(parts[2]))
+    }
+}
+
+/// A suite's world: a bus, a daemon, a scratch directory.
+final class World {
+    let directory: URL
+    let bus: PrivateBus
+    let daemon: Daemon
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-test-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        bus = try PrivateBus()
+        daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"))
+    }
+
+    func peer(_ app: String) throws -> Peer {
+        try Peer(app: app, in: directory, bus: bus)
+    }
+
+    deinit {
+        daemon.terminate()
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+/// The line a peer prints for a failed call.
+func err(_ code: BrokerErrorCode, _ message: String) -> String {
+    "ERR \(code.busName) \(message)"
+}

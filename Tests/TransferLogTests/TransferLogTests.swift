@@ -1,0 +1,203 @@
+import Foundation
+import XCTest
+
+@testable import TransferLog
+
+final class TransferLogTests: XCTestCase {
+    private var directory: URL!
+
+    override func setUpWithError() throws {
+        directory = FileManager.default.temporaryDirectory
+            .appendingPathComponent("TransferLogTests-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws {
+        try FileManager.default.removeItem(at: directory)
+    }
+
+    private var logPath: String { directory.appendingPathComponent("transfers.sqlite").path }
+
+    // Whole microseconds, so the exact Date survives the integer encoding.
+    private let t0 = Date(timeIntervalSince1970: 1_700_000_000.123456)
+
+    private func session(_ id: String = "s-1") -> SessionRecord {
+        SessionRecord(
+            sessionID: id, sourceApp: "org.example.Files", destinationApp: "org.example.Mail",
+            itemCount: 3, operation: "copy", outcome: "source-disconnected",
+            errorName: "org.dragbroker.Error.SourceGone",
+            startedAt: t0, endedAt: t0.addingTimeInterval(2.5))
+    }
+
+    private func load(sessionID: String = "s-1", startedAt: Date? = nil, bytes: Int64 = 4_294_967_301) -> LoadRecord {
+        let start = startedAt ?? t0.addingTimeInterval(0.000_001)
+        return LoadRecord(
+            sessionID: sessionID, sourceApp: "org.example.Files", destinationApp: "org.example.Mail",
+            typeIdentifier: "public.png", bytes: bytes,
+            startedAt: start, endedAt: start.addingTimeInterval(0.75),
+            outcome: "completed", errorName: nil)
+    }
+
+    func testRecordsSurviveReopeningWithExactValues() throws {
+        do {
+            let log = try TransferLog(path: logPath)
+            XCTAssertTrue(log.submit(.session(session())))
+            XCTAssertTrue(log.submit(.load(load())))
+            log.flush()
+            XCTAssertNil(log.lastWriteError)
+        }
+
+        var expectedLoad = load()
+        expectedLoad.id = 1
+        let reopened = try TransferLog(path: logPath)
+        XCTAssertEqual(try reopened.sessions(), [session()])
+        XCTAssertEqual(try reopened.loads(), [expectedLoad])
+        XCTAssertEqual(try reopened.loads()[0].bytes, 4_294_967_301)
+        XCTAssertEqual(try reopened.sessions()[0].startedAt.timeIntervalSince1970, 1_700_000_000.123456)
+
+        let reader = try TransferLog.openReadOnly(path: logPath)
+        XCTAssertEqual(try reader.sessions(), [session()])
+        XCTAssertEqual(try reader.loads(sessionID: "s-1"), [expectedLoad])
+        XCTAssertEqual(try reader.loads(sessionID: "other"), [])
+    }
+
+    func testDatesAreStoredAsIntegerMicroseconds() throws {
+        let log = try TransferLog(path: logPath)
+        log.submit(.session(session()))
+        log.flush()
+        XCTAssertEqual(
+            try log.strings(sql: "SELECT typeof(startedAt) || ':' || startedAt FROM session"),
+            ["integer:1700000000123456"])
+    }
+
+    func testJournalModeIsWAL() throws {
+        let log = try TransferLog(path: logPath)
+        XCTAssertEqual(try log.strings(sql: "PRAGMA journal_mode"), ["wal"])
+    }
+
+    func testMigrationIdentifiersAreRecordedOnce() throws {
+        _ = try TransferLog(path: logPath)
+        let reopened = try TransferLog(path: logPath)
+        XCTAssertEqual(
+            try reopened.strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
+            ["v1-sessions-and-loads"])
+    }
+
+    func testThousandSubmitsYieldThousandRowsNewestFirst() throws {
+        let log = try TransferLog(path: logPath)
+        for i in 0..<1000 {
+            XCTAssertTrue(log.submit(.load(load(startedAt: t0.addingTimeInterval(Double(i) / 1_000_000), bytes: Int64(i)))))
+        }
+        log.flush()
+        XCTAssertNil(log.lastWriteError)
+        XCTAssertEqual(try log.strings(sql: "SELECT CAST(count(*) AS TEXT) FROM load"), ["1000"])
+        let loads = try log.loads(limit: 5000)
+        XCTAssertEqual(loads.count, 1000)
+        XCTAssertEqual(loads.map(\.bytes), (0..<1000).reversed().map(Int64.init))
+        XCTAssertEqual(try log.loads(limit: 2).map(\.id), [1000, 999])
+    }
+
+    func testBurstIsCommittedAsOneTransaction() throws {
+        let log = try TransferLog(path: logPath)
+        let writer = try XCTUnwrap(log.backgroundWriter)
+        writer.suspend()
+        for i in 0..<500 { log.submit(.session(session("s-\(i)"))) }
+        writer.resume()
+        log.flush()
+        XCTAssertEqual(writer.committedBatches, 1)
+        XCTAssertEqual(try log.strings(sql: "SELECT CAST(count(*) AS TEXT) FROM session"), ["500"])
+    }
+
+    func testOpenReadOnlyMissingPathThrowsWithoutCreatingFile() {
+        let missing = directory.appendingPathComponent("nope/transfers.sqlite").path
+        XCTAssertThrowsError(try TransferLog.openReadOnly(path: missing)) { error in
+            XCTAssertEqual(error as? TransferLogError, .missingDatabase(path: missing))
+            XCTAssertEqual("\(error)", "no transfer log at \(missing) (has dragbrokerd run yet?)")
+        }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: missing))
+    }
+
+    func testOpenReadOnlyRejectsFileThatIsNotATransferLog() throws {
+        XCTAssertTrue(FileManager.default.createFile(atPath: logPath, contents: Data()))
+        XCTAssertThrowsError(try TransferLog.openReadOnly(path: logPath)) { error in
+            XCTAssertEqual(error as? TransferLogError, .unsupportedSchema(path: logPath))
+        }
+    }
+
+    func testReadOnlyLogRefusesSubmissions() throws {
+        _ = try TransferLog(path: logPath)
+        let reader = try TransferLog.openReadOnly(path: logPath)
+        XCTAssertFalse(reader.submit(.session(session())))
+        reader.flush()
+        XCTAssertEqual(try reader.sessions(), [])
+    }
+
+    func testSubmitReturnsFalseWhenQueueIsFull() throws {
+        let log = try TransferLog(path: logPath, queueCapacity: 3)
+        let writer = try XCTUnwrap(log.backgroundWriter)
+        writer.suspend()
+        XCTAssertEqual((0..<4).map { log.submit(.session(session("s-\($0)"))) }, [true, true, true, false])
+        writer.resume()
+        log.flush()
+        XCTAssertEqual(try log.sessions().map(\.sessionID).sorted(), ["s-0", "s-1", "s-2"])
+        // Capacity is released once the batch is on disk.
+        XCTAssertTrue(log.submit(.session(session("s-3"))))
+        log.flush()
+        XCTAssertEqual(try log.sessions().count, 4)
+    }
+
+    func testBadEntryIsReportedWithoutLosingTheRestOfItsBatch() throws {
+        let reported = ErrorBox()
+        let log = try TransferLog(path: logPath, onWriteError: { reported.append($0) })
+        let writer = try XCTUnwrap(log.backgroundWriter)
+        writer.suspend()
+        log.submit(.session(session("dup")))
+        log.submit(.session(session("dup")))
+        log.submit(.load(load()))
+        writer.resume()
+        log.flush()
+
+        XCTAssertEqual(try log.sessions().map(\.sessionID), ["dup"])
+        XCTAssertEqual(try log.loads().count, 1)
+        let failure = try XCTUnwrap(log.lastWriteError as? TransferLogWriteFailure)
+        XCTAssertEqual(failure.droppedEntries, 1)
+        XCTAssertEqual(reported.errors.count, 1)
+        XCTAssertEqual((reported.errors.first as? TransferLogWriteFailure)?.droppedEntries, 1)
+    }
+
+    func testCreatesMissingParentDirectoriesPrivately() throws {
+        let nested = directory.appendingPathComponent("a/b")
+        _ = try TransferLog(path: nested.appendingPathComponent("transfers.sqlite").path)
+        for dir in [directory.appendingPathComponent("a"), nested] {
+            let attributes = try FileManager.default.attributesOfItem(atPath: dir.path)
+            XCTAssertEqual((attributes[.posixPermissions] as? NSNumber)?.intValue, 0o700, dir.path)
+        }
+    }
+
+    func testDefaultPathPrecedence() {
+        let all = [
+            "DRAGBROKER_STATE_DIRECTORY": "/var/lib/dragbroker",
+            "XDG_STATE_HOME": "/home/u/.state",
+            "HOME": "/home/u",
+        ]
+        XCTAssertEqual(TransferLog.defaultPath(environment: all), "/var/lib/dragbroker/transfers.sqlite")
+        XCTAssertEqual(
+            TransferLog.defaultPath(environment: all.merging(["DRAGBROKER_STATE_DIRECTORY": ""]) { $1 }),
+            "/home/u/.state/dragbroker/transfers.sqlite")
+        XCTAssertEqual(
+            TransferLog.defaultPath(environment: ["XDG_STATE_HOME": "relative", "HOME": "/home/u"]),
+            "/home/u/.local/state/dragbroker/transfers.sqlite")
+        XCTAssertEqual(
+            TransferLog.defaultPath(environment: ["HOME": "/home/u"]),
+            "/home/u/.local/state/dragbroker/transfers.sqlite")
+    }
+}
+
+/// Collects errors reported on the writer's queue.
+private final class ErrorBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: [any Error] = []
+
+    func append(_ error: any Error) { lock.withLock { stored.append(error) } }
+    var errors: [any Error] { lock.withLock { stored } }
+}
