@@ -105,6 +105,11 @@ public final class Bus: @unchecked Sendable {
         return try result.get()
     }
 
+    /// Writes every queued message out, e.g. the last signals before exiting.
+    public func flush() {
+        sd_bus_flush(handle)
+    }
+
     /// Sends a message with no reply expected (signals, replies built by hand).
     public func send(_ message: Message) throws(BusError) {
         try check(sd_bus_send(handle, message.handle, nil), "sd_bus_send")

@@ -202,6 +202,15 @@ public final class Timer: @unchecked Sendable {
 
 /// A signal delivered through the loop (signalfd); the signal is blocked for the whole process.
 public final class SignalWatch: @unchecked Sendable {
+    /// Blocks signals in the calling thread and every thread it starts later; call first
+    /// thing in `main`, so no thread can take the default action before the loop reads them.
+    public static func block(_ signals: [Int32]) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        for signal in signals { sigaddset(&set, signal) }
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+    }
+
     private var source: OpaquePointer?
     private let callback: () -> Void
 

@@ -107,6 +107,21 @@ public final class TransferLog: Sendable {
         }
     }
 
+    /// The highest N among session IDs of the form `<prefix>N` in either table, so a restarted
+    /// daemon never reuses an ID the log already holds (loads are logged before their session).
+    public func highestSessionNumber(prefix: String) throws -> Int {
+        try pool.read { db in
+            let start = prefix.count + 1
+            let sql = """
+                SELECT MAX(n) FROM (
+                    SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM session WHERE sessionID LIKE ? || '%'
+                    UNION ALL
+                    SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM load WHERE sessionID LIKE ? || '%')
+                """
+            return try Int.fetchOne(db, sql: sql, arguments: [prefix, prefix]) ?? 0
+        }
+    }
+
     /// Newest first, optionally restricted to one session.
     public func loads(limit: Int = 100, sessionID: String? = nil) throws -> [LoadRecord] {
         try pool.read { db in

@@ -25,7 +25,14 @@ final class Broker {
         self.transferLog = transferLog
         self.limits = limits
         self.logger = logger
+        do {
+            nextSessionNumber = try transferLog.highestSessionNumber(prefix: Self.sessionIDPrefix) + 1
+        } catch {
+            logger.warning("Failed to read the last session ID from the transfer log: \(error), numbering from 1")
+        }
     }
+
+    static let sessionIDPrefix = "s"
 
     /// Exports the manager and starts watching peers. Call before owning the bus name, so
     /// nobody can reach a half-built daemon.
@@ -49,9 +56,11 @@ final class Broker {
 
     /// Ends every session with a reason and flushes the transfer log.
     func shutdown() {
+        _ = shim_notify("STOPPING=1\nSTATUS=Ending \(sessions.count) session(s)")
         for session in Array(sessions.values) {
             end(session, outcome: "cancelled", error: BrokerError(.cancelled, "The broker is shutting down"))
         }
+        bus.flush()
         transferLog.flush()
     }
 
@@ -69,7 +78,7 @@ final class Broker {
         guard own < limits.sessionsPerConnection else {
             throw .limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
         }
-        let id = "s\(nextSessionNumber)"
+        let id = "\(Self.sessionIDPrefix)\(nextSessionNumber)"
         nextSessionNumber += 1
         let session = Session(id: id, token: try Self.randomToken(), source: source, providerPath: providerPath,
                               items: items, options: options)

@@ -63,14 +63,10 @@ func runDaemon() -> Int32 {
 
     // A peer that closes its pipe must cost an EPIPE, never the daemon.
     shim_ignore_sigpipe()
+    // Signals arrive through the loop; block them before any other thread exists.
+    SignalWatch.block([SIGTERM, SIGINT])
     do {
         let loop = try EventLoop()
-        // Signals arrive through the loop; block them before any other thread exists.
-        let terminate = { [logger] in
-            logger.info("Received a termination signal, ending sessions")
-            loop.exit()
-        }
-        let watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
         let path = transferLogPath(options)
         let transferLog = try TransferLog(path: path) { error in
             Logger(label: "dragbrokerd").error("Failed to write the transfer log: \(error)")
@@ -79,13 +75,18 @@ func runDaemon() -> Int32 {
         let bus = try Bus.connect(address: address, loop: loop, description: "dragbrokerd")
         let broker = Broker(bus: bus, transferLog: transferLog, limits: Limits(), logger: logger)
         try broker.start()
+        // sd-bus closes the connection when the loop exits: end sessions while it still works.
+        let terminate = { [logger] in
+            logger.info("Received a termination signal, ending sessions")
+            broker.shutdown()
+            loop.exit()
+        }
+        let watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
         try bus.requestName(BrokerNames.busName)
         logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
         // Ready only now that the name is ours: activation waits for exactly this.
         _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName)")
         try loop.run()
-        _ = shim_notify("STOPPING=1")
-        broker.shutdown()
         withExtendedLifetime(watches) {}
         return 0
     } catch {

@@ -151,4 +151,20 @@ final class EndToEndTests: XCTestCase {
         XCTAssertEqual(bystander.run("conclude"), err(.accessDenied, "Only the destination that performed the drop may conclude session s1"))
         XCTAssertEqual(source.handlerCalls, [])
     }
+
+    func testSessionIDsAreNotReusedAfterARestart() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let (_, first) = try source.begin(Self.helloDrag)
+        XCTAssertEqual(first, "/org/dragbroker/Broker1/session/s1")
+        try world.restartDaemon()
+        XCTAssertTrue(source.waitFor("EVENT ended cancel \(BrokerErrorCode.cancelled.busName)"), "shutdown ends live sessions with a reason")
+        let record = try world.daemon.waitForLog { try $0.sessions().first }
+        XCTAssertEqual(record.outcome, "cancelled")
+        XCTAssertEqual(record.errorName, BrokerErrorCode.cancelled.busName)
+
+        let newSource = try world.peer("source-app")
+        let (_, second) = try newSource.begin(Self.helloDrag)
+        XCTAssertEqual(second, "/org/dragbroker/Broker1/session/s2")
+    }
 }

@@ -190,13 +190,19 @@ final class Peer: Child {
 final class World {
     let directory: URL
     let bus: PrivateBus
-    let daemon: Daemon
+    private(set) var daemon: Daemon
 
     init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-test-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         bus = try PrivateBus()
         daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"))
+    }
+
+    /// Stops the daemon with SIGTERM and starts a new one on the same state directory.
+    func restartDaemon() throws {
+        daemon.kill(SIGTERM)
+        daemon = try Daemon(bus: bus, stateDirectory: daemon.stateDirectory)
     }
 
     func peer(_ app: String) throws -> Peer {

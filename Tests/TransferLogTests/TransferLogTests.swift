@@ -61,6 +61,17 @@ final class TransferLogTests: XCTestCase {
         XCTAssertEqual(try reader.loads(sessionID: "other"), [])
     }
 
+    func testHighestSessionNumberCoversBothTablesAndIgnoresOtherPrefixes() throws {
+        let log = try TransferLog(path: logPath)
+        XCTAssertEqual(try log.highestSessionNumber(prefix: "s"), 0, "an empty log starts numbering at 1")
+        log.submit(.session(session("s9")))
+        log.submit(.load(load(sessionID: "s12")))  // its session was never recorded: a crash
+        log.submit(.session(session("x99")))
+        log.flush()
+        XCTAssertEqual(try log.highestSessionNumber(prefix: "s"), 12)
+        XCTAssertEqual(try log.highestSessionNumber(prefix: "x"), 99)
+    }
+
     func testDatesAreStoredAsIntegerMicroseconds() throws {
         let log = try TransferLog(path: logPath)
         log.submit(.session(session()))

@@ -1,0 +1,35 @@
+import Foundation
+import XCTest
+
+/// The published XML and README are enough for a client in another language: dbus-python
+/// drives a complete drag, source and destination, against the real daemon.
+final class PythonClientTests: XCTestCase {
+    func testPythonDrivesACompleteDrag() throws {
+        let world = try World()
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("python/full_drag.py")
+        let python = try Child(executable: URL(fileURLWithPath: "/usr/bin/python3"), arguments: [script.path, world.bus.address],
+                               environment: ["PATH": "/usr/bin:/bin"])
+        python.process.waitUntilExit()
+        XCTAssertEqual(python.process.terminationStatus, 0, python.stderr.text)
+        let lines = python.stdout.all { _ in true }
+        // The two processes interleave; each one's own lines are in order.
+        XCTAssertEqual(lines.filter { $0.hasPrefix("source:") }, [
+            "source: began /org/dragbroker/Broker1/session/s1",
+            "source: WillEnd copy",
+            "source: provide item 0 as text/plain;charset=utf-8",
+            "source: Ended copy",
+            "source: TransferFinished",
+        ])
+        XCTAssertEqual(lines.filter { $0.hasPrefix("destination:") }, [
+            "destination: item greeting.txt 640x480 types ['text/plain;charset=utf-8']",
+            "destination: enter copy -> copy",
+            "destination: drop -> copy",
+            "destination: load 1 got 'Grüße from Python'",
+            "destination: concluded",
+        ])
+        let load = try world.daemon.waitForLog { try $0.loads().first }
+        XCTAssertEqual(load.bytes, Int64("Grüße from Python".utf8.count))
+        XCTAssertEqual(load.outcome, "completed")
+    }
+}
