@@ -36,17 +36,18 @@ let package = Package(
             name: "TransferLog",
             dependencies: [.product(name: "GRDB", package: "GRDB.swift")]
         ),
+        .target(name: "BrokerPolicy"),
         .target(
             name: "BrokerClient",
             dependencies: [
-                "BusKit", "BrokerProtocol",
+                "BusKit", "BrokerProtocol", "UniformTypes",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         .executableTarget(
             name: "dragbrokerd",
             dependencies: [
-                "BusKit", "BrokerProtocol", "TransferLog",
+                "BusKit", "BrokerProtocol", "TransferLog", "BrokerPolicy", "UniformTypes",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -54,7 +55,7 @@ let package = Package(
         .executableTarget(
             name: "dragctl",
             dependencies: [
-                "BrokerClient", "BrokerProtocol", "TransferLog",
+                "BrokerClient", "BrokerProtocol", "TransferLog", "BrokerPolicy", "UniformTypes",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -74,13 +75,19 @@ let package = Package(
             dependencies: ["BrokerClient"],
             path: "Tests/TestPeer"
         ),
+        .target(name: "UniformTypes"),
+        .testTarget(
+            name: "UniformTypesTests",
+            dependencies: ["UniformTypes"]
+        ),
         .testTarget(
             name: "TransferLogTests",
             dependencies: ["TransferLog"]
         ),
+        .testTarget(name: "BrokerPolicyTests", dependencies: ["BrokerPolicy"]),
         .testTarget(
             name: "BrokerTests",
-            dependencies: ["BusKit", "BrokerProtocol", "BrokerClient", "TransferLog",
+            dependencies: ["BusKit", "BrokerProtocol", "BrokerClient", "TransferLog", "BrokerPolicy", "UniformTypes",
                            "dragbrokerd", "dragctl", "dragbroker-testpeer"]
         ),
     ],

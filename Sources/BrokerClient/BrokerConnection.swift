@@ -83,6 +83,24 @@ public actor BrokerConnection {
         }
     }
 
+    /// How the broker sees this app: identity comes from the kernel, never from the client.
+    public func whoAmI() async throws(BrokerError) -> BrokerIdentity {
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "WhoAmI")
+        let fields = try decode { () throws(BusError) in try reply.readVariantDictionary() }
+        return BrokerIdentity(fields)
+    }
+
+    /// The policy in effect, each entry with the file and line it came from.
+    public func policy() async throws(BrokerError) -> String {
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "GetPolicy")
+        return try decode { () throws(BusError) in try reply.readString() }
+    }
+
+    /// Asks the broker to reload its policy files; a bad file is reported and changes nothing.
+    public func reloadPolicy() async throws(BrokerError) {
+        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "ReloadPolicy")
+    }
+
     // MARK: Source
 
     /// Begins a drag. The returned session's token is what the windowing system's drag carries
@@ -113,7 +131,7 @@ public actor BrokerConnection {
         }
         let (path, token) = try decode { () throws(BusError) in (try reply.readObjectPath(), try reply.readString()) }
         providers[path] = export
-        let session = DragSession(connection: self, path: path, token: token, items: items)
+        let session = DragSession(connection: self, path: path, token: token, items: items, export: export)
         try route(path, to: .source(session))
         return session
     }
@@ -204,6 +222,22 @@ public actor BrokerConnection {
         }
     }
 
+    /// Flocking: the provider learns the new items before the broker can ask for them.
+    func addItems(_ items: [DragItem], to path: String, export: ProviderExport) async throws(BrokerError) {
+        let before = export.items.count
+        export.items += items.map(\.itemProvider)
+        do {
+            _ = try await call(path: path, interface: BrokerNames.sessionInterface, member: "AddItems") { m throws(BusError) in
+                try m.openContainer("a", ItemDescriptor.signature)
+                for item in items { try item.itemProvider.descriptor.encode(to: m) }
+                try m.closeContainer()
+            }
+        } catch {
+            export.items.removeSubrange(before...)
+            throw error
+        }
+    }
+
     func forget(_ path: String) {
         routes[path] = nil
         providers[path] = nil
@@ -216,8 +250,9 @@ private final class PendingReply: @unchecked Sendable {
     init(_ call: MethodCall) { self.call = call }
 }
 
-private final class ProviderExport {
-    let items: [ItemProvider]
+final class ProviderExport: @unchecked Sendable {
+    /// Grows only on the connection's loop, through `BrokerConnection.addItems`.
+    var items: [ItemProvider]
     var object: ExportedObject?
     init(items: [ItemProvider]) { self.items = items }
 }

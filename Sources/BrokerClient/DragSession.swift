@@ -18,18 +18,27 @@ public final class DragSession: Sendable {
     public let path: String
     /// Hand this to the windowing system's drag; whoever presents it may join the session.
     public let token: String
-    public let items: [DragItem]
+    public var items: [DragItem] { lock.withLock { $0 } }
+    private let lock: Locked<[DragItem]>
+    private let export: ProviderExport
     /// The session's events; the stream finishes after the last one.
     public let events: AsyncStream<DragSessionEvent>
     private let continuation: AsyncStream<DragSessionEvent>.Continuation
     private let connection: BrokerConnection
 
-    init(connection: BrokerConnection, path: String, token: String, items: [DragItem]) {
+    init(connection: BrokerConnection, path: String, token: String, items: [DragItem], export: ProviderExport) {
         self.connection = connection
         self.path = path
         self.token = token
-        self.items = items
+        self.lock = Locked(items)
+        self.export = export
         (events, continuation) = AsyncStream.makeStream()
+    }
+
+    /// Adds items to the live drag ("flocking"); only the app that began it may.
+    public func addItems(_ newItems: [DragItem]) async throws(BrokerError) {
+        try await connection.addItems(newItems, to: path, export: export)
+        lock.withLock { $0 += newItems }
     }
 
     /// Cancels the drag (released over nothing). Loads in flight stop.

@@ -39,6 +39,25 @@ public final class DropSession: Sendable {
         }
     }
 
+    /// The indices of items with a representation visible to this app that conforms to
+    /// `type`: a MIME type (`text/plain` covers `text/x-python`), a wildcard (`image/*`) or a
+    /// UTI (`public.image`). Answered before the drop, from the system's MIME database.
+    public func items(conformingTo type: String) async throws(BrokerError) -> [Int] {
+        let reply = try await call("ConformingItems") { m throws(BusError) in try m.append(type) }
+        return try await connection.decode { () throws(BusError) in
+            var indices: [Int] = []
+            _ = try reply.enterContainer("a", "u")
+            while try reply.peekType() != nil { indices.append(Int(try reply.readUInt32())) }
+            try reply.exitContainer()
+            return indices
+        }
+    }
+
+    /// `hasItemsConforming(toTypeIdentifiers:)`: can this drop be handled at all?
+    public func hasItems(conformingTo type: String) async throws(BrokerError) -> Bool {
+        try await !items(conformingTo: type).isEmpty
+    }
+
     /// The drag entered this destination with a proposal; returns what the broker allows.
     public func enter(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
         try await propose("Enter", proposal)

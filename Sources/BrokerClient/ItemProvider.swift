@@ -1,5 +1,6 @@
 import BrokerProtocol
 import Foundation
+import UniformTypes
 
 /// A promise of data in one or more representations, like `NSItemProvider`: nothing is
 /// produced until a destination that performed the drop asks for one type.
@@ -19,8 +20,11 @@ public final class ItemProvider: Sendable {
     /// destination loads this type, once per load.
     public func registerDataRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                            loadHandler: @escaping LoadHandler) {
+        // The broker asks for canonical MIME types: register under the same name it will use.
+        // An invalid identifier is kept as given, for the broker to refuse with its reason.
+        let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
         registered.withLock {
-            $0.append((RepresentationDescriptor(typeIdentifier: typeIdentifier, visibility: visibility), loadHandler))
+            $0.append((RepresentationDescriptor(typeIdentifier: type, visibility: visibility), loadHandler))
         }
     }
 

@@ -35,6 +35,8 @@ public enum BrokerErrorCode: String, CaseIterable, Sendable {
 public struct BrokerError: Error, Equatable, Sendable, CustomStringConvertible {
     public var code: BrokerErrorCode
     public var message: String
+    /// The policy rule (`file:line`) that decided, kept for the daemon's audit; not sent on the wire.
+    public var rule: String?
 
     public init(_ code: BrokerErrorCode, _ message: String) {
         self.code = code

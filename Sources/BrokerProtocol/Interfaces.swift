@@ -12,6 +12,9 @@ public enum BrokerInterfaces {
                   out: [A("session", "o"), A("token", "s")]),
             .init("PresentToken", in: [A("token", "s")], out: [A("session", "o")]),
             .init("ListSessions", out: [A("sessions", "a" + SessionSummary.signature)]),
+            .init("WhoAmI", out: [A("identity", "a{sv}")]),
+            .init("GetPolicy", out: [A("policy", "s")]),
+            .init("ReloadPolicy"),
         ],
         properties: [
             .init("Version", "s", .constant),
@@ -22,6 +25,8 @@ public enum BrokerInterfaces {
         name: BrokerNames.sessionInterface,
         methods: [
             .init("GetItems", out: [A("items", "a" + VisibleItem.signature)]),
+            .init("ConformingItems", in: [A("type", "s")], out: [A("items", "au")]),
+            .init("AddItems", in: [A("items", "a" + ItemDescriptor.signature)]),
             .init("Enter", in: [A("proposal", "s")], out: [A("operation", "s")]),
             .init("Update", in: [A("proposal", "s")], out: [A("operation", "s")]),
             .init("Exit"),

@@ -201,6 +201,18 @@ public final class Bus: @unchecked Sendable {
         return Credentials(uniqueName: message.sender ?? "", pid: pid, euid: euid)
     }
 
+    /// Asks the bus driver, now, for the PID and EUID of the connection owning `name`.
+    public func credentials(ofName name: String) throws(BusError) -> Credentials {
+        var creds: OpaquePointer?
+        try check(sd_bus_get_name_creds(handle, name, shim_creds_pid_euid_unique(), &creds), "querying the credentials of \(name)")
+        defer { sd_bus_creds_unref(creds) }
+        var pid: pid_t = 0
+        var euid: uid_t = 0
+        try check(sd_bus_creds_get_pid(creds, &pid), "reading the PID of \(name)")
+        try check(sd_bus_creds_get_euid(creds, &euid), "reading the EUID of \(name)")
+        return Credentials(uniqueName: name, pid: pid, euid: euid)
+    }
+
     /// Asks the bus driver for the current owner of a name.
     public func nameOwner(_ name: String, isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> String {
         let m = try newMethodCall(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",

@@ -151,3 +151,43 @@ extension BusError {
         BusError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: message)
     }
 }
+
+/// The basic values a variant in an `a{sv}` can carry that this project uses.
+public enum VariantValue: Sendable, Equatable {
+    case string(String), bool(Bool), uint32(UInt32), uint64(UInt64), int32(Int32), int64(Int64), double(Double)
+    /// A type this reader does not decode; skipped.
+    case other(String)
+
+    public var string: String? { if case .string(let v) = self { v } else { nil } }
+    public var bool: Bool? { if case .bool(let v) = self { v } else { nil } }
+    public var uint32: UInt32? { if case .uint32(let v) = self { v } else { nil } }
+}
+
+extension Message {
+    /// Reads an `a{sv}` of basic values.
+    public func readVariantDictionary() throws(BusError) -> [String: VariantValue] {
+        var result: [String: VariantValue] = [:]
+        _ = try enterContainer("a", "{sv}")
+        while try enterContainer("e", "sv") {
+            let key = try readString()
+            guard let (_, contents) = try peekType(), let contents else { throw .invalidArguments("variant without contents") }
+            _ = try enterContainer("v", contents)
+            switch contents {
+            case "s": result[key] = .string(try readString())
+            case "b": result[key] = .bool(try readBool())
+            case "u": result[key] = .uint32(try readUInt32())
+            case "t": result[key] = .uint64(try readUInt64())
+            case "i": result[key] = .int32(try readInt32())
+            case "x": result[key] = .int64(try readInt64())
+            case "d": result[key] = .double(try readDouble())
+            default:
+                try skip(contents)
+                result[key] = .other(contents)
+            }
+            try exitContainer()
+            try exitContainer()
+        }
+        try exitContainer()
+        return result
+    }
+}

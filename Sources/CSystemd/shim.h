@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -110,6 +111,12 @@ static inline int shim_dupfd_cloexec(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC,
 /* SPLICE_F_MOVE (1) | SPLICE_F_NONBLOCK (2) */
 static inline ssize_t shim_splice(int in, int out, size_t len) {
     return (ssize_t)syscall(SYS_splice, in, NULL, out, NULL, len, 1u | 2u);
+}
+
+/* Bytes waiting in a pipe (FIONREAD), or -1. */
+static inline int shim_pending_bytes(int fd) {
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) < 0 ? -1 : n;
 }
 
 static inline ssize_t shim_getrandom(void *buf, size_t len) { return getrandom(buf, len, 0); }

@@ -122,6 +122,7 @@ extension TransferLog.Entry {
         switch self {
         case .session(let record): try record.insert(db)
         case .load(let record): try record.insert(db)
+        case .refusal(var record): try record.insert(db)
         }
     }
 }

@@ -85,6 +85,53 @@ public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, Persist
     }
 }
 
+/// One refused request: who asked (as the daemon identified it), for what, and why, with
+/// the policy rule (`file:line`) when a rule decided.
+public struct RefusalRecord: Codable, Equatable, Sendable, FetchableRecord, MutablePersistableRecord {
+    public static let databaseTableName = "refusal"
+
+    public var id: Int64?
+    public var at: Date
+    public var app: String
+    public var uid: Int64
+    public var pid: Int64
+    /// The bus method refused, e.g. `Load`.
+    public var action: String
+    public var sessionID: String?
+    /// What was asked for, e.g. the type of a load.
+    public var subject: String?
+    public var errorName: String
+    public var message: String
+    public var rule: String?
+
+    public init(id: Int64? = nil, at: Date, app: String, uid: Int64, pid: Int64, action: String, sessionID: String?,
+                subject: String?, errorName: String, message: String, rule: String?) {
+        self.id = id
+        self.at = at
+        self.app = app
+        self.uid = uid
+        self.pid = pid
+        self.action = action
+        self.sessionID = sessionID
+        self.subject = subject
+        self.errorName = errorName
+        self.message = message
+        self.rule = rule
+    }
+
+    public mutating func didInsert(_ inserted: InsertionSuccess) {
+        id = inserted.rowID
+    }
+
+    public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
+        MicrosecondTimestamp.encoding
+    }
+
+    public static func databaseDateDecodingStrategy(for column: String) -> DatabaseDateDecodingStrategy {
+        MicrosecondTimestamp.decoding
+    }
+}
+
 /// GRDB's default text dates keep only milliseconds, and floating-point seconds
 /// do not round-trip exactly; integer microseconds since 1970 do both and sort
 /// numerically.

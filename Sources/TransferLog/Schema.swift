@@ -36,6 +36,23 @@ enum Schema {
             }
         }
 
+        migrator.registerMigration("v2-refusals") { db in
+            // Every refusal the broker answers, beside the transfers: who, what, why.
+            try db.create(table: "refusal") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("at", .integer).notNull().indexed()
+                t.column("app", .text).notNull()
+                t.column("uid", .integer).notNull()
+                t.column("pid", .integer).notNull()
+                t.column("action", .text).notNull()
+                t.column("sessionID", .text)
+                t.column("subject", .text)
+                t.column("errorName", .text).notNull()
+                t.column("message", .text).notNull()
+                t.column("rule", .text)
+            }
+        }
+
         return migrator
     }()
 }

@@ -21,6 +21,7 @@ public final class TransferLog: Sendable {
     public enum Entry: Sendable, Equatable {
         case session(SessionRecord)
         case load(LoadRecord)
+        case refusal(RefusalRecord)
     }
 
     public static let defaultQueueCapacity = 10_000
@@ -119,6 +120,13 @@ public final class TransferLog: Sendable {
                     SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM load WHERE sessionID LIKE ? || '%')
                 """
             return try Int.fetchOne(db, sql: sql, arguments: [prefix, prefix]) ?? 0
+        }
+    }
+
+    /// Newest first.
+    public func refusals(limit: Int = 100) throws -> [RefusalRecord] {
+        try pool.read { db in
+            try RefusalRecord.order(Column("at").desc, Column("id").desc).limit(limit).fetchAll(db)
         }
     }
 

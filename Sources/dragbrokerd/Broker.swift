@@ -1,18 +1,22 @@
+import BrokerPolicy
 import BrokerProtocol
 import BusKit
 import CSystemd
 import Foundation
 import Logging
 import TransferLog
+import UniformTypes
 
 /// The daemon's state and rules: live sessions, who takes part in each, and their loads.
 /// Confined to the event loop thread, as are all bus callbacks that reach it.
 final class Broker {
     let bus: Bus
-    let limits: Limits
+    private(set) var limits: Limits
     let logger: Logger
+    let policyDirectory: String
+    let types: MimeDatabase
     private let transferLog: TransferLog
-    private let identities = IdentityResolver()
+    private let identities: IdentityResolver
     private(set) var sessions: [String: Session] = [:]
     private var nextSessionNumber = 1
     private var manager: ManagerObject?
@@ -20,10 +24,13 @@ final class Broker {
     private var peerWatch: Slot?
     private var retiredSessions: Slot?
 
-    init(bus: Bus, transferLog: TransferLog, limits: Limits, logger: Logger) {
+    init(bus: Bus, transferLog: TransferLog, policy: Policy, policyDirectory: String, types: MimeDatabase, logger: Logger) {
         self.bus = bus
         self.transferLog = transferLog
-        self.limits = limits
+        self.identities = IdentityResolver(policy: policy)
+        self.limits = Limits(policy.limits)
+        self.policyDirectory = policyDirectory
+        self.types = types
         self.logger = logger
         do {
             nextSessionNumber = try transferLog.highestSessionNumber(prefix: Self.sessionIDPrefix) + 1
@@ -64,8 +71,49 @@ final class Broker {
         transferLog.flush()
     }
 
+    var policy: Policy { identities.policy }
+
     func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
         try identities.identity(of: call)
+    }
+
+    // MARK: Policy
+
+    /// Loads the policy directory and applies it only if every file is valid: a bad file
+    /// never half-applies. Live sessions keep their source's identity; every later call is
+    /// judged by the new registry, rules and limits.
+    func reloadPolicy() throws(BrokerError) {
+        let policy: Policy
+        do {
+            policy = try Self.loadPolicy(directory: policyDirectory)
+        } catch {
+            logger.error("Failed to reload the policy, keeping the current one: \(error)")
+            throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
+        }
+        identities.apply(policy)
+        limits = Limits(policy.limits)
+        logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
+    }
+
+    static func loadPolicy(directory: String) throws(PolicyError) -> Policy {
+        try PolicyLoader.load(directory: directory) { pattern in try MimeDatabase.validatePattern(pattern) }
+    }
+
+    /// The policy's view of a party to a flow.
+    private func party(_ identity: AppIdentity) -> Policy.FlowParty {
+        Policy.FlowParty(appID: identity.appID, team: identity.team, managed: identity.managed)
+    }
+
+    // MARK: Audit of refusals
+
+    /// Records a refusal beside the transfers: who asked, for what, and why.
+    func recordRefusal(_ error: BrokerError, sender: String, action: String, session: Session?, subject: String?) {
+        let identity = identities.known(sender)
+        transferLog.submit(.refusal(RefusalRecord(
+            at: Date(), app: identity?.appID ?? sender, uid: Int64(identity?.uid ?? 0), pid: Int64(identity?.pid ?? 0),
+            action: action, sessionID: session?.id, subject: subject, errorName: error.code.busName,
+            message: error.message, rule: error.rule)))
+        logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
     }
 
     // MARK: Source
@@ -94,6 +142,60 @@ final class Broker {
         return session
     }
 
+    /// Flocking: more items on a live drag, from the source's own app only.
+    func addItems(_ items: [ItemDescriptor], by caller: AppIdentity, to session: Session) throws(BrokerError) {
+        guard caller.isSameApp(as: session.source) else {
+            throw .accessDenied("Only \(session.source.appID) may add items to session \(session.id): cross-app flocking is not allowed")
+        }
+        guard session.state == .active else {
+            throw .wrongState("Session \(session.id) is \(session.state.rawValue): items can be added only while dragging")
+        }
+        guard session.items.count + items.count <= limits.itemsPerSession else {
+            throw .limitExceeded("A session holds at most \(limits.itemsPerSession) items; session \(session.id) has \(session.items.count)")
+        }
+        session.items += items
+        session.object?.itemsChanged()
+    }
+
+    /// Validates items from a client: every type a MIME type or known UTI (stored canonical),
+    /// names sanitised, counts and lengths within the limits.
+    func normalize(_ items: [ItemDescriptor]) throws(BrokerError) -> [ItemDescriptor] {
+        guard !items.isEmpty else { throw .invalidArgument("A drag needs at least one item") }
+        var normalized: [ItemDescriptor] = []
+        for (index, item) in items.enumerated() {
+            guard !item.representations.isEmpty else {
+                throw .invalidArgument("Item \(index) has no representation")
+            }
+            guard item.representations.count <= limits.representationsPerItem else {
+                throw .limitExceeded("Item \(index) has \(item.representations.count) representations (limit \(limits.representationsPerItem))")
+            }
+            guard item.preferredWidth.isFinite, item.preferredHeight.isFinite, item.preferredWidth >= 0, item.preferredHeight >= 0 else {
+                throw .invalidArgument("Item \(index): the preferred size must be finite and not negative")
+            }
+            var representations: [RepresentationDescriptor] = []
+            for representation in item.representations {
+                let raw = representation.typeIdentifier
+                guard raw.utf8.count <= limits.maxStringLength else {
+                    throw .limitExceeded("Item \(index): a type identifier is longer than \(limits.maxStringLength) bytes")
+                }
+                let type: TypeIdentifier
+                do {
+                    type = try TypeIdentifier(raw)
+                } catch {
+                    throw .invalidArgument("Item \(index): \(error.message)")
+                }
+                guard !representations.contains(where: { $0.typeIdentifier == type.mime }) else {
+                    throw .invalidArgument("Item \(index) declares the type '\(type.mime)' twice")
+                }
+                representations.append(RepresentationDescriptor(typeIdentifier: type.mime, visibility: representation.visibility))
+            }
+            normalized.append(ItemDescriptor(
+                suggestedName: SuggestedName.sanitize(item.suggestedName, maxBytes: limits.maxStringLength),
+                preferredWidth: item.preferredWidth, preferredHeight: item.preferredHeight, representations: representations))
+        }
+        return normalized
+    }
+
     func cancel(_ session: Session, by caller: AppIdentity) throws(BrokerError) {
         guard caller.uniqueName == session.source.uniqueName else {
             throw .accessDenied("Only the source of session \(session.id) may cancel it")
@@ -105,7 +207,7 @@ final class Broker {
 
     func present(token: String, by caller: AppIdentity) throws(BrokerError) -> Session {
         guard let bytes = Self.decodeHex(token), token.count <= limits.tokenLength,
-              let session = sessions.values.first(where: { $0.matches(token: bytes) }) else {
+              let session = sessions.values.first(where: { $0.matches(token: bytes) }), session.isVisible(to: caller) else {
             throw .notFound("No live session has this token")
         }
         if session.destinations[caller.uniqueName] == nil {
@@ -202,16 +304,36 @@ final class Broker {
         guard caller.uniqueName == session.dropDestination else {
             throw .accessDenied("Only the destination that performed the drop may load from session \(session.id)")
         }
-        guard Int(item) < session.items.count else {
-            throw .notFound("No item \(item): session \(session.id) has \(session.items.count) item(s)")
+        let visible = session.visibleItems(for: caller)
+        guard Int(item) < visible.count else {
+            throw .notFound("No item \(item): session \(session.id) has \(visible.count) item(s)")
         }
-        guard session.items[Int(item)].representations.contains(where: { $0.typeIdentifier == type && session.isVisible($0, to: caller) }) else {
-            throw .notFound("Item \(item) has no representation of type '\(type)'")
+        let canonical: String
+        do {
+            canonical = try TypeIdentifier(type).mime
+        } catch {
+            throw .invalidArgument(error.message)
         }
+        guard visible[Int(item)].item.typeIdentifiers.contains(canonical) else {
+            throw .notFound("Item \(item) has no representation of type '\(canonical)'")
+        }
+        let decision = policy.decide(from: party(session.source), to: party(caller), type: canonical, size: nil) { [types] type, pattern in
+            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
+        }
+        if decision.action == .deny {
+            var error = BrokerError.accessDenied(
+                "The administrator's policy forbids \(canonical) from \(session.source.appID) to \(caller.appID) (rule at \(decision.rule.map { "\($0.origin)" } ?? "?"))")
+            error.rule = decision.rule.map { "\($0.origin)" }
+            throw error
+        }
+        let sizeRule = policy.byteLimit(from: party(session.source), to: party(caller), type: canonical) { [types] type, pattern in
+            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
+        }
+        let realItem = UInt32(visible[Int(item)].index)
         guard session.loads.count < limits.concurrentLoadsPerSession else {
             throw .limitExceeded("Session \(session.id) already has \(session.loads.count) loads in flight")
         }
-        let load = Load(id: session.nextLoadID, item: item, typeIdentifier: type, destination: caller)
+        let load = Load(id: session.nextLoadID, item: realItem, typeIdentifier: canonical, destination: caller)
         session.nextLoadID += 1
         let proxy = try PipeProxy(loop: bus.loop) { [unowned self, unowned session] (outcome: PipeProxy.Outcome) in
             switch outcome {
@@ -220,18 +342,24 @@ final class Broker {
                 if load.providerAnswered { finishLoad(load, in: session, error: nil) }
             case .destinationClosed:
                 finishLoad(load, in: session, error: BrokerError(.cancelled, "The destination closed its end of the load"))
+            case .limitExceeded:
+                var error = BrokerError.accessDenied(
+                    "The administrator's policy forbids more than \(sizeRule?.limit ?? 0) bytes of \(canonical) from \(session.source.appID) to \(caller.appID) (rule at \(sizeRule.map { "\($0.rule.origin)" } ?? "?"))")
+                error.rule = sizeRule.map { "\($0.rule.origin)" }
+                finishLoad(load, in: session, error: error)
             case .failed(let reason):
                 finishLoad(load, in: session, error: BrokerError(.failed, reason))
             }
         }
+        proxy.byteLimit = sizeRule?.limit
         load.proxy = proxy
         defer { close(proxy.sourceEnd) }
         do {
             let call = try bus.newMethodCall(destination: session.source.uniqueName, path: session.providerPath,
                                              interface: BrokerNames.providerInterface, member: "Provide")
             try call.append(objectPath: session.path)
-            try call.append(item)
-            try call.append(type)
+            try call.append(realItem)
+            try call.append(canonical)
             try call.append(fileDescriptor: proxy.sourceEnd)
             load.providerCall = try bus.callAsync(call, timeout: limits.providerTimeout) { [unowned self, unowned session] result in
                 load.providerCall = nil

@@ -1,5 +1,7 @@
+import BrokerPolicy
+
 /// Bounds on everything a client can make the daemon hold. Each is answered with
-/// `LimitExceeded` when reached.
+/// `LimitExceeded` when reached. Most come from the policy's `[Limits]`.
 struct Limits: Sendable {
     var sessionsPerConnection = 16
     var sessionsTotal = 1024
@@ -7,9 +9,20 @@ struct Limits: Sendable {
     var representationsPerItem = 32
     var destinationsPerSession = 64
     var concurrentLoadsPerSession = 16
-    var typeIdentifierLength = 255
-    var suggestedNameLength = 255
+    var maxStringLength = 255
     var tokenLength = 128
     /// How long a provider may take to answer a load, in microseconds.
     var providerTimeout: UInt64 = 300 * 1_000_000
+
+    init() {}
+
+    init(_ policy: PolicyLimits) {
+        sessionsPerConnection = policy.sessionsPerConnection
+        sessionsTotal = policy.sessionsTotal
+        itemsPerSession = policy.itemsPerSession
+        representationsPerItem = policy.representationsPerItem
+        destinationsPerSession = policy.destinationsPerSession
+        concurrentLoadsPerSession = policy.concurrentLoadsPerSession
+        maxStringLength = policy.maxStringLength
+    }
 }

@@ -1,23 +1,28 @@
+import BrokerPolicy
 import BrokerProtocol
 import BusKit
 import CSystemd
 import Foundation
 import Logging
 import TransferLog
+import UniformTypes
 
 /// dragbrokerd: holds live drag sessions on the bus and proxies dropped data.
 struct Options {
     var address: String?
     var stateDirectory: String?
+    var policyDirectory = "/etc/dragbroker"
 
     static let usage = """
-        Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR]
+        Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR]
 
         Brokers drag and drop between apps on the D-Bus session bus.
 
           --address ADDRESS        connect to this bus instead of the session bus
           --state-directory DIR    keep the transfer log in DIR
                                    (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker)
+          --policy-directory DIR   read dragbroker.conf and dragbroker.conf.d/*.conf from DIR
+                                   (default: /etc/dragbroker); reloaded on SIGHUP
           --version                print the version and exit
           -h, --help               print this help and exit
         """
@@ -33,6 +38,7 @@ struct Options {
             switch argument {
             case "--address": options.address = value(argument)
             case "--state-directory": options.stateDirectory = value(argument)
+            case "--policy-directory": options.policyDirectory = value(argument)
             case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
             case "-h", "--help": print(usage); exit(0)
             default: fail("unknown argument '\(argument)'")
@@ -64,8 +70,15 @@ func runDaemon() -> Int32 {
     // A peer that closes its pipe must cost an EPIPE, never the daemon.
     shim_ignore_sigpipe()
     // Signals arrive through the loop; block them before any other thread exists.
-    SignalWatch.block([SIGTERM, SIGINT])
+    SignalWatch.block([SIGTERM, SIGINT, SIGHUP])
     do {
+        let policy: Policy
+        do {
+            policy = try Broker.loadPolicy(directory: options.policyDirectory)
+        } catch {
+            logger.critical("Failed to load the policy: \(error)")
+            return 1
+        }
         let loop = try EventLoop()
         let path = transferLogPath(options)
         let transferLog = try TransferLog(path: path) { error in
@@ -73,7 +86,8 @@ func runDaemon() -> Int32 {
         }
         let address = options.address ?? ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"]
         let bus = try Bus.connect(address: address, loop: loop, description: "dragbrokerd")
-        let broker = Broker(bus: bus, transferLog: transferLog, limits: Limits(), logger: logger)
+        let broker = Broker(bus: bus, transferLog: transferLog, policy: policy, policyDirectory: options.policyDirectory,
+                            types: MimeDatabase.system, logger: logger)
         try broker.start()
         // sd-bus closes the connection when the loop exits: end sessions while it still works.
         let terminate = { [logger] in
@@ -81,7 +95,11 @@ func runDaemon() -> Int32 {
             broker.shutdown()
             loop.exit()
         }
-        let watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
+        var watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
+        watches.append(try SignalWatch(loop: loop, signal: SIGHUP) {
+            logger.info("Received SIGHUP, reloading the policy")
+            try? broker.reloadPolicy()
+        })
         try bus.requestName(BrokerNames.busName)
         logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
         // Ready only now that the name is ours: activation waits for exactly this.

@@ -1,8 +1,10 @@
 import ArgumentParser
 import BrokerClient
+import BrokerPolicy
 import BrokerProtocol
 import Foundation
 import TransferLog
+import UniformTypes
 
 /// dragctl: inspect live drag sessions and the transfer log.
 @main
@@ -11,7 +13,7 @@ struct Dragctl: AsyncParsableCommand {
         commandName: "dragctl",
         abstract: "Inspect dragbroker's live drag sessions and its transfer log.",
         version: "0.1.0",
-        subcommands: [ListSessions.self, Log.self])
+        subcommands: [ListSessions.self, Log.self, WhoAmI.self, PolicyCommand.self])
 }
 
 enum JSONMode: String, ExpressibleByArgument, CaseIterable {
@@ -138,5 +140,87 @@ struct Log: AsyncParsableCommand {
             ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
             legend: "\(plural(report.loads.count, "load")) listed.")
+    }
+}
+
+struct WhoAmI: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "whoami", abstract: "Show how dragbrokerd identifies this process: app ID, team, managed, and why.")
+
+    @OptionGroup var bus: BusOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        let identity: BrokerIdentity
+        do {
+            identity = try await BrokerConnection.connect(address: bus.address).whoAmI()
+        } catch {
+            throw fail("Failed to ask dragbrokerd: \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(identity) }
+        let rows: [(String, String)] = [
+            ("App ID", identity.appID), ("Team", identity.team ?? "-"), ("Managed", identity.managed ? "yes" : "no"),
+            ("Source", identity.source), ("Sandboxed", identity.sandboxed ? "yes" : "no"),
+            ("Executable", identity.executable), ("PID", String(identity.pid)), ("UID", String(identity.uid)),
+        ]
+        for (key, value) in rows { print("\(key.padding(toLength: 11, withPad: " ", startingAt: 0))\(value)") }
+    }
+}
+
+struct PolicyCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "policy", abstract: "Show, check or reload the administrator's policy.",
+        subcommands: [Show.self, Check.self, Reload.self])
+
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the policy dragbrokerd enforces, with the file and line of each entry.")
+        @OptionGroup var bus: BusOptions
+
+        func run() async throws {
+            do {
+                print(try await BrokerConnection.connect(address: bus.address).policy(), terminator: "")
+            } catch {
+                throw fail("Failed to ask dragbrokerd: \(error)")
+            }
+        }
+    }
+
+    struct Check: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Check policy files without applying them: a directory (main file and drop-ins) or one file.")
+
+        @Argument(help: "A policy file, or a directory holding dragbroker.conf and dragbroker.conf.d/.")
+        var path: String = "/etc/dragbroker"
+
+        func run() async throws {
+            var isDirectory: ObjCBool = false
+            let exists = FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
+            do {
+                let policy: Policy
+                if exists && !isDirectory.boolValue {
+                    policy = try PolicyLoader.parse(file: path) { try MimeDatabase.validatePattern($0) }
+                } else {
+                    policy = try PolicyLoader.load(directory: path) { try MimeDatabase.validatePattern($0) }
+                }
+                let files = policy.files.isEmpty ? "no files: the defaults apply" : policy.files.joined(separator: ", ")
+                print("\(plural(policy.apps.count, "app")), \(plural(policy.flows.count, "flow rule")) from \(files).")
+            } catch {
+                FileHandle.standardError.write(Data("\(error)\n".utf8))
+                throw ExitCode(1)
+            }
+        }
+    }
+
+    struct Reload: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Make dragbrokerd reload its policy; a bad file changes nothing.")
+        @OptionGroup var bus: BusOptions
+
+        func run() async throws {
+            do {
+                try await BrokerConnection.connect(address: bus.address).reloadPolicy()
+            } catch {
+                throw fail("Failed to reload the policy: \(error)")
+            }
+        }
     }
 }

@@ -120,11 +120,14 @@ class Child {
 /// The daemon under test, on a private bus with its own state directory.
 final class Daemon: Child {
     let stateDirectory: URL
+    let policyDirectory: URL
 
-    init(bus: PrivateBus, stateDirectory: URL, extraArguments: [String] = []) throws {
+    init(bus: PrivateBus, stateDirectory: URL, policyDirectory: URL) throws {
         self.stateDirectory = stateDirectory
+        self.policyDirectory = policyDirectory
         try super.init(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
-                       arguments: ["--address", bus.address, "--state-directory", stateDirectory.path] + extraArguments,
+                       arguments: ["--address", bus.address, "--state-directory", stateDirectory.path,
+                                   "--policy-directory", policyDirectory.path],
                        environment: ["PATH": "/usr/bin:/bin"])
         guard stderr.take(where: { $0.contains("Serving org.dragbroker.Broker1") }) != nil else {
             throw HarnessError("dragbrokerd did not start: \(stderr.text)")
@@ -144,24 +147,59 @@ final class Daemon: Child {
     }
 }
 
+/// How a peer process is started, which decides how the daemon identifies it.
+enum Sandbox {
+    /// A plain process: identified by its executable (and the registry).
+    case none
+    /// A fake Flatpak: a private mount namespace, chrooted into a root whose /.flatpak-info
+    /// names `appID`; the rest of the root is bind-mounted from the host.
+    case flatpak(appID: String)
+}
+
 /// One app: a copy of the test peer at its own path, so the daemon sees a distinct executable.
 final class Peer: Child {
     private(set) var uniqueName = ""
     let executable: URL
 
-    init(app: String, in directory: URL, bus: PrivateBus) throws {
+    init(app: String, in directory: URL, bus: PrivateBus, sandbox: Sandbox = .none) throws {
         let binary = directory.appendingPathComponent("apps/\(app)")
         if !FileManager.default.fileExists(atPath: binary.path) {
             try FileManager.default.createDirectory(at: binary.deletingLastPathComponent(), withIntermediateDirectories: true)
             try FileManager.default.copyItem(at: productsDirectory.appendingPathComponent("dragbroker-testpeer"), to: binary)
         }
         executable = binary
-        try super.init(executable: binary, environment: ["DRAGBROKER_BUS_ADDRESS": bus.address, "PATH": "/usr/bin:/bin"])
+        let environment = ["DRAGBROKER_BUS_ADDRESS": bus.address, "PATH": "/usr/bin:/bin"]
+        switch sandbox {
+        case .none:
+            try super.init(executable: binary, environment: environment)
+        case .flatpak(let appID):
+            let root = directory.appendingPathComponent("roots/\(app)")
+            try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+            try "[Application]\nname=\(appID)\nruntime=runtime/org.freedesktop.Platform/x86_64/23.08\n"
+                .write(to: root.appendingPathComponent(".flatpak-info"), atomically: true, encoding: .utf8)
+            let script = """
+                set -e
+                root=$1; shift
+                for d in usr opt tmp proc dev etc sys var run; do
+                    [ -d /$d ] || continue
+                    mkdir -p "$root/$d"; mount --rbind /$d "$root/$d"
+                done
+                for l in bin lib lib32 lib64 sbin; do [ -L /$l ] && ln -sfn "$(readlink /$l)" "$root/$l"; done
+                exec /usr/sbin/chroot "$root" "$@"
+                """
+            try super.init(executable: URL(fileURLWithPath: "/usr/bin/unshare"),
+                           arguments: ["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", root.path, binary.path],
+                           environment: environment)
+        }
         guard let ready = stdout.take(where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR ") }), ready.hasPrefix("READY ") else {
             throw HarnessError("peer \(app) did not connect: \(stdout.text) \(stderr.text)")
         }
         uniqueName = String(ready.dropFirst("READY ".count))
     }
+
+    /// The PID the daemon sees: inside a sandbox the peer is a child of `unshare`/`chroot`
+    /// exec'd in place, so it is the same process.
+    var reportedPID: pid_t { process.processIdentifier }
 
     /// Sends a command and returns its one-line answer (`OK ...` or `ERR <name> <message>`).
     @discardableResult
@@ -186,32 +224,53 @@ final class Peer: Child {
     }
 }
 
-/// A suite's world: a bus, a daemon, a scratch directory.
+/// A suite's world: a bus, a daemon, a scratch directory, and the daemon's policy directory
+/// (never the host's /etc/dragbroker).
 final class World {
     let directory: URL
     let bus: PrivateBus
     private(set) var daemon: Daemon
 
-    init() throws {
+    /// `policy` gets the world's directory, so registry entries can name the app copies.
+    init(policy: ((World.Paths) -> String)? = nil) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-test-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let paths = Paths(directory: directory)
+        try FileManager.default.createDirectory(at: paths.policyDirectory.appendingPathComponent("dragbroker.conf.d"),
+                                                withIntermediateDirectories: true)
+        if let policy {
+            try policy(paths).write(to: paths.policyFile, atomically: true, encoding: .utf8)
+        }
         bus = try PrivateBus()
-        daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"))
+        daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"), policyDirectory: paths.policyDirectory)
     }
+
+    struct Paths {
+        let directory: URL
+        var policyDirectory: URL { directory.appendingPathComponent("policy") }
+        var policyFile: URL { policyDirectory.appendingPathComponent("dragbroker.conf") }
+        func app(_ name: String) -> String { directory.appendingPathComponent("apps/\(name)").path }
+        func dropIn(_ name: String) -> URL { policyDirectory.appendingPathComponent("dragbroker.conf.d/\(name)") }
+    }
+
+    var paths: Paths { Paths(directory: directory) }
 
     /// Stops the daemon with SIGTERM and starts a new one on the same state directory.
     func restartDaemon() throws {
         daemon.kill(SIGTERM)
-        daemon = try Daemon(bus: bus, stateDirectory: daemon.stateDirectory)
+        daemon = try Daemon(bus: bus, stateDirectory: daemon.stateDirectory, policyDirectory: daemon.policyDirectory)
     }
 
-    func peer(_ app: String) throws -> Peer {
-        try Peer(app: app, in: directory, bus: bus)
+    func peer(_ app: String, sandbox: Sandbox = .none) throws -> Peer {
+        try Peer(app: app, in: directory, bus: bus, sandbox: sandbox)
     }
 
     deinit {
         daemon.terminate()
-        try? FileManager.default.removeItem(at: directory)
+        // Never delete through a bind mount that is somehow still visible here.
+        let mounts = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
+        if !mounts.contains(directory.path) {
+            try? FileManager.default.removeItem(at: directory)
+        }
     }
 }
 

@@ -103,11 +103,11 @@ final class ProtocolTests: XCTestCase {
         XCTAssertEqual(failure(begin([("text/plain", "all"), ("text/plain", "app")])),
                        BrokerError(.invalidArgument, "Item 0 declares the type 'text/plain' twice").busError)
         XCTAssertEqual(failure(begin([("", "all")])),
-                       BrokerError(.invalidArgument, "Item 0: a type identifier must have 1 to 255 bytes").busError)
+                       BrokerError(.invalidArgument, "Item 0: '' is not a type identifier: it is empty; expected a MIME type such as image/png or a UTI such as public.png").busError)
+        XCTAssertEqual(failure(begin([("text/" + String(repeating: "x", count: 300), "all")])),
+                       BrokerError(.limitExceeded, "Item 0: a type identifier is longer than 255 bytes").busError)
         XCTAssertEqual(failure(begin([("text/plain", "all")], options: [("Restricted", true)])),
                        BrokerError(.invalidArgument, "Unknown session option 'Restricted': expected RestrictedToApp or AllowsMove").busError)
-        XCTAssertEqual(failure(begin([("text/plain", "all")], name: String(repeating: "n", count: 256))),
-                       BrokerError(.limitExceeded, "Item 0: the suggested name is longer than 255 bytes").busError)
         let wrongSignature = probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "BeginSession") { m throws(BusError) in
             try m.append("not items")
         }

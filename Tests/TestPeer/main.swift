@@ -89,6 +89,21 @@ final class Peer: Sendable {
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
                 return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
             case "conclude": try await lastDrop().conclude(); return "OK"
+            case "whoami":
+                let identity = try await connection.whoAmI()
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys]
+                return "OK " + String(decoding: try encoder.encode(identity), as: UTF8.self)
+            case "additems":
+                guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no drag begun") }
+                let specs = try JSONDecoder().decode([ItemSpec].self, from: Data(rest.utf8))
+                try await drag.addItems(try dragItems(specs, startingAt: drag.items.count))
+                return "OK"
+            case "conforming":
+                return "OK " + (try await lastDrop().items(conformingTo: rest)).map(String.init).joined(separator: ",")
+            case "reload":
+                try await connection.reloadPolicy()
+                return "OK"
             case "sessions":
                 let sessions = try await connection.listSessions()
                 return "OK " + sessions.map { "\($0.id):\($0.state)" }.joined(separator: ",")
@@ -111,8 +126,27 @@ final class Peer: Sendable {
 
     func begin(_ json: String) async throws -> String {
         let spec = try JSONDecoder().decode(BeginSpec.self, from: Data(json.utf8))
+        let items = try dragItems(spec.items, startingAt: 0)
+        let session = try await connection.beginDrag(
+            items: items, options: SessionOptions(restrictedToApp: spec.restricted ?? false, allowsMove: spec.allowsMove ?? false))
+        drags.withLock { $0.append(session) }
+        Task {
+            for await event in session.events {
+                switch event {
+                case .loadRequested: break  // HANDLER lines say when handlers run
+                default: emit("EVENT \(describe(event))")
+                }
+            }
+        }
+        return "OK \(session.token) \(session.path)"
+    }
+
+    /// Items whose load handlers print `HANDLER <item> <type>` when they run. Item numbers
+    /// continue across `additems`, as the broker numbers them.
+    func dragItems(_ specs: [ItemSpec], startingAt first: Int) throws -> [DragItem] {
         var items: [DragItem] = []
-        for (index, itemSpec) in spec.items.enumerated() {
+        for (offset, itemSpec) in specs.enumerated() {
+            let index = first + offset
             let provider = ItemProvider(suggestedName: itemSpec.name ?? "",
                                         preferredPresentationSize: (itemSpec.width ?? 0, itemSpec.height ?? 0))
             for rep in itemSpec.reps {
@@ -129,18 +163,7 @@ final class Peer: Sendable {
             }
             items.append(DragItem(itemProvider: provider))
         }
-        let session = try await connection.beginDrag(
-            items: items, options: SessionOptions(restrictedToApp: spec.restricted ?? false, allowsMove: spec.allowsMove ?? false))
-        drags.withLock { $0.append(session) }
-        Task {
-            for await event in session.events {
-                switch event {
-                case .loadRequested: break  // HANDLER lines say when handlers run
-                default: emit("EVENT \(describe(event))")
-                }
-            }
-        }
-        return "OK \(session.token) \(session.path)"
+        return items
     }
 }
 

@@ -91,7 +91,19 @@ final class TransferLogTests: XCTestCase {
         let reopened = try TransferLog(path: logPath)
         XCTAssertEqual(
             try reopened.strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
-            ["v1-sessions-and-loads"])
+            ["v1-sessions-and-loads", "v2-refusals"])
+    }
+
+    func testRefusalsRoundTrip() throws {
+        let log = try TransferLog(path: logPath)
+        let refusal = RefusalRecord(at: t0, app: "org.example.Unmanaged", uid: 1000, pid: 42, action: "Load", sessionID: "s3",
+                                    subject: "text/plain", errorName: "org.dragbroker.Broker1.Error.AccessDenied",
+                                    message: "denied by policy", rule: "/etc/dragbroker/dragbroker.conf:12")
+        log.submit(.refusal(refusal))
+        log.flush()
+        var expected = refusal
+        expected.id = 1
+        XCTAssertEqual(try TransferLog.openReadOnly(path: logPath).refusals(), [expected])
     }
 
     func testThousandSubmitsYieldThousandRowsNewestFirst() throws {

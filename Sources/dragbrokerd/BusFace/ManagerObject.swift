@@ -1,5 +1,7 @@
+import BrokerPolicy
 import BrokerProtocol
 import BusKit
+import Glibc
 
 /// The bus face of the broker: `org.dragbroker.Broker1.Manager` at the manager path.
 final class ManagerObject {
@@ -12,9 +14,12 @@ final class ManagerObject {
             path: BrokerNames.managerPath, interface: BrokerInterfaces.manager,
             implementation: InterfaceImplementation(
                 methods: [
-                    "BeginSession": serve { [unowned self] in try beginSession($0) },
-                    "PresentToken": serve { [unowned self] in try presentToken($0) },
-                    "ListSessions": serve { [unowned self] in try listSessions($0) },
+                    "BeginSession": serve(broker, "BeginSession") { [unowned self] in try beginSession($0) },
+                    "PresentToken": serve(broker, "PresentToken") { [unowned self] in try presentToken($0) },
+                    "ListSessions": serve(broker, "ListSessions") { [unowned self] in try listSessions($0) },
+                    "WhoAmI": serve(broker, "WhoAmI") { [unowned self] in try whoAmI($0) },
+                    "GetPolicy": serve(broker, "GetPolicy") { [unowned self] in try getPolicy($0) },
+                    "ReloadPolicy": serve(broker, "ReloadPolicy") { [unowned self] in try reloadPolicy($0) },
                 ],
                 properties: [
                     "Version": { m throws(BusError) in try m.append(BrokerVersion.current) },
@@ -28,55 +33,15 @@ final class ManagerObject {
     }
 
     private func beginSession(_ call: MethodCall) throws(BrokerError) {
-        let limits = broker.limits
         let m = call.message
-        var items: [ItemDescriptor] = []
-        _ = try argument("items") { () throws(BusError) in try m.enterContainer("a", ItemDescriptor.signature) }
-        while let item = try ItemDescriptor.decode(from: m) {
-            guard items.count < limits.itemsPerSession else {
-                throw .limitExceeded("A session holds at most \(limits.itemsPerSession) items")
-            }
-            items.append(item)
-        }
-        try argument("items") { () throws(BusError) in try m.exitContainer() }
+        let items = try broker.normalize(try readItems(m, limit: broker.limits.itemsPerSession))
         let options = try SessionOptions.decode(from: m)
         let provider = try argument("provider") { () throws(BusError) in try m.readObjectPath() }
-
-        try validate(items)
         let source = try broker.identity(of: call)
         let session = try broker.begin(source: source, items: items, options: options, providerPath: provider)
         try reply(call) { r throws(BusError) in
             try r.append(objectPath: session.path)
             try r.append(Broker.hex(session.token))
-        }
-    }
-
-    private func validate(_ items: [ItemDescriptor]) throws(BrokerError) {
-        let limits = broker.limits
-        guard !items.isEmpty else { throw .invalidArgument("A drag needs at least one item") }
-        for (index, item) in items.enumerated() {
-            guard item.suggestedName.utf8.count <= limits.suggestedNameLength else {
-                throw .limitExceeded("Item \(index): the suggested name is longer than \(limits.suggestedNameLength) bytes")
-            }
-            guard !item.representations.isEmpty else {
-                throw .invalidArgument("Item \(index) has no representation")
-            }
-            guard item.representations.count <= limits.representationsPerItem else {
-                throw .limitExceeded("Item \(index) has \(item.representations.count) representations (limit \(limits.representationsPerItem))")
-            }
-            guard item.preferredWidth.isFinite, item.preferredHeight.isFinite, item.preferredWidth >= 0, item.preferredHeight >= 0 else {
-                throw .invalidArgument("Item \(index): the preferred size must be finite and not negative")
-            }
-            var seen = Set<String>()
-            for representation in item.representations {
-                let type = representation.typeIdentifier
-                guard !type.isEmpty, type.utf8.count <= limits.typeIdentifierLength else {
-                    throw .invalidArgument("Item \(index): a type identifier must have 1 to \(limits.typeIdentifierLength) bytes")
-                }
-                guard seen.insert(type).inserted else {
-                    throw .invalidArgument("Item \(index) declares the type '\(type)' twice")
-                }
-            }
         }
     }
 
@@ -87,8 +52,18 @@ final class ManagerObject {
         try reply(call) { r throws(BusError) in try r.append(objectPath: session.path) }
     }
 
+    /// Restricted sessions are listed to their own app only. Others are listed to their own
+    /// app, to unsandboxed callers of the same user, and to root; a sandboxed app sees only
+    /// its own sessions.
     private func listSessions(_ call: MethodCall) throws(BrokerError) {
-        let sessions = broker.sessions.values.sorted { $0.createdAt < $1.createdAt }
+        let caller = try broker.identity(of: call)
+        let sessions = broker.sessions.values
+            .filter { session in
+                if caller.isSameApp(as: session.source) { return true }
+                guard session.isVisible(to: caller), !caller.isSandboxed else { return false }
+                return caller.uid == session.source.uid || caller.uid == 0
+            }
+            .sorted { $0.createdAt < $1.createdAt }
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", SessionSummary.signature)
             for session in sessions {
@@ -101,6 +76,61 @@ final class ManagerObject {
             try r.closeContainer()
         }
     }
+
+    private func whoAmI(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try reply(call) { r throws(BusError) in
+            try r.openContainer("a", "{sv}")
+            func entry(_ key: String, _ type: Unicode.Scalar, _ append: () throws(BusError) -> Void) throws(BusError) {
+                try r.openContainer("e", "sv")
+                try r.append(key)
+                try r.openContainer("v", String(type))
+                try append()
+                try r.closeContainer()
+                try r.closeContainer()
+            }
+            try entry("AppID", "s") { () throws(BusError) in try r.append(caller.appID) }
+            try entry("Team", "s") { () throws(BusError) in try r.append(caller.team ?? "") }
+            try entry("Managed", "b") { () throws(BusError) in try r.append(caller.managed) }
+            try entry("Source", "s") { () throws(BusError) in try r.append(caller.source.rawValue) }
+            try entry("Sandboxed", "b") { () throws(BusError) in try r.append(caller.isSandboxed) }
+            try entry("Executable", "s") { () throws(BusError) in try r.append(caller.executable) }
+            try entry("PID", "u") { () throws(BusError) in try r.append(UInt32(caller.pid)) }
+            try entry("UID", "u") { () throws(BusError) in try r.append(UInt32(caller.uid)) }
+            try r.closeContainer()
+        }
+    }
+
+    /// The effective policy, each entry with the file and line it came from.
+    private func getPolicy(_ call: MethodCall) throws(BrokerError) {
+        _ = try broker.identity(of: call)
+        let text = broker.policy.render()
+        try reply(call) { r throws(BusError) in try r.append(text) }
+    }
+
+    /// Only the user the daemon runs as, or root, may reload, and never from a sandbox.
+    private func reloadPolicy(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        guard !caller.isSandboxed, caller.uid == 0 || caller.uid == getuid() else {
+            throw .accessDenied("Only root or the user dragbrokerd runs as may reload the policy, from outside any sandbox")
+        }
+        try broker.reloadPolicy()
+        try reply(call)
+    }
+}
+
+/// Reads the `a(sdda(ss))` items argument, stopping as soon as the limit is passed.
+func readItems(_ m: Message, limit: Int) throws(BrokerError) -> [ItemDescriptor] {
+    var items: [ItemDescriptor] = []
+    _ = try argument("items") { () throws(BusError) in try m.enterContainer("a", ItemDescriptor.signature) }
+    while let item = try ItemDescriptor.decode(from: m) {
+        guard items.count < limit else {
+            throw .limitExceeded("A session holds at most \(limit) items")
+        }
+        items.append(item)
+    }
+    try argument("items") { () throws(BusError) in try m.exitContainer() }
+    return items
 }
 
 enum BrokerVersion {

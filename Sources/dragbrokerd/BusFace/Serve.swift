@@ -1,19 +1,26 @@
 import BrokerProtocol
 import BusKit
 
-/// The one place internal failures become D-Bus error names: broker errors keep their
-/// name; malformed arguments found by sd-bus become `InvalidArgument`.
-func serve(_ body: @escaping (MethodCall) throws -> Void) -> InterfaceImplementation.MethodHandler {
-    return { (call: MethodCall) throws(BusError) in
+/// The one place internal failures become D-Bus error names, and every refusal is audited:
+/// broker errors keep their name; malformed arguments found by sd-bus become `InvalidArgument`.
+func serve(_ broker: Broker, _ action: String, session: Session? = nil, subject: ((Message) -> String?)? = nil,
+           _ body: @escaping (MethodCall) throws -> Void) -> InterfaceImplementation.MethodHandler {
+    return { [unowned broker, weak session] (call: MethodCall) throws(BusError) in
+        let refusal: BrokerError
         do {
             try body(call)
+            return
         } catch let error as BrokerError {
-            throw error.busError
+            refusal = error
         } catch let error as BusError {
-            throw BrokerError.invalidArgument(error.message).busError
+            refusal = BrokerError.invalidArgument(error.message)
         } catch {
-            throw BrokerError(.failed, "\(error)").busError
+            refusal = BrokerError(.failed, "\(error)")
         }
+        try? call.message.rewind()
+        broker.recordRefusal(refusal, sender: call.sender, action: action, session: session,
+                             subject: subject.flatMap { $0(call.message) })
+        throw refusal.busError
     }
 }
 

@@ -1,5 +1,6 @@
 import BrokerProtocol
 import BusKit
+import UniformTypes
 import Glibc
 
 /// The bus face of one session: `org.dragbroker.Broker1.Session` at the session's path.
@@ -16,14 +17,19 @@ final class SessionObject {
             path: session.path, interface: BrokerInterfaces.session,
             implementation: InterfaceImplementation(
                 methods: [
-                    "GetItems": serve { [unowned self] in try getItems($0) },
-                    "Enter": serve { [unowned self] in try propose($0, entering: true) },
-                    "Update": serve { [unowned self] in try propose($0, entering: false) },
-                    "Exit": serve { [unowned self] in try exit($0) },
-                    "PerformDrop": serve { [unowned self] in try performDrop($0) },
-                    "Load": serve { [unowned self] in try load($0) },
-                    "Conclude": serve { [unowned self] in try conclude($0) },
-                    "Cancel": serve { [unowned self] in try cancel($0) },
+                    "GetItems": serve(broker, "GetItems", session: session) { [unowned self] in try getItems($0) },
+                    "ConformingItems": serve(broker, "ConformingItems", session: session) { [unowned self] in try conformingItems($0) },
+                    "AddItems": serve(broker, "AddItems", session: session) { [unowned self] in try addItems($0) },
+                    "Enter": serve(broker, "Enter", session: session) { [unowned self] in try propose($0, entering: true) },
+                    "Update": serve(broker, "Update", session: session) { [unowned self] in try propose($0, entering: false) },
+                    "Exit": serve(broker, "Exit", session: session) { [unowned self] in try exit($0) },
+                    "PerformDrop": serve(broker, "PerformDrop", session: session) { [unowned self] in try performDrop($0) },
+                    "Load": serve(broker, "Load", session: session, subject: { m in
+                        _ = try? m.readUInt32()
+                        return try? m.readString()
+                    }) { [unowned self] in try load($0) },
+                    "Conclude": serve(broker, "Conclude", session: session) { [unowned self] in try conclude($0) },
+                    "Cancel": serve(broker, "Cancel", session: session) { [unowned self] in try cancel($0) },
                 ],
                 properties: [
                     "Id": { [unowned self] m throws(BusError) in try m.append(self.session.id) },
@@ -42,9 +48,39 @@ final class SessionObject {
         let items = session.visibleItems(for: caller)
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", VisibleItem.signature)
-            for item in items { try item.encode(to: r) }
+            for (_, item) in items { try item.encode(to: r) }
             try r.closeContainer()
         }
+    }
+
+    /// "hasItemsConforming": which items (as the caller numbers them) have a representation
+    /// it can see that conforms to a MIME type, a wildcard or a UTI.
+    private func conformingItems(_ call: MethodCall) throws(BrokerError) {
+        let pattern = try argument("type") { () throws(BusError) in try call.message.readString() }
+        do {
+            try MimeDatabase.validatePattern(pattern)
+        } catch {
+            throw .invalidArgument(error.message)
+        }
+        let caller = try broker.identity(of: call)
+        try broker.requireParticipant(caller, session)
+        let matching = session.visibleItems(for: caller).enumerated().compactMap { viewIndex, entry -> UInt32? in
+            entry.item.typeIdentifiers.contains { type in
+                (try? TypeIdentifier(type)).map { broker.types.conforms($0, to: pattern) } ?? false
+            } ? UInt32(viewIndex) : nil
+        }
+        try reply(call) { r throws(BusError) in
+            try r.openContainer("a", "u")
+            for index in matching { try r.append(index) }
+            try r.closeContainer()
+        }
+    }
+
+    private func addItems(_ call: MethodCall) throws(BrokerError) {
+        let items = try broker.normalize(try readItems(call.message, limit: broker.limits.itemsPerSession))
+        let caller = try broker.identity(of: call)
+        try broker.addItems(items, by: caller, to: session)
+        try reply(call)
     }
 
     private func propose(_ call: MethodCall, entering: Bool) throws(BrokerError) {
@@ -94,6 +130,10 @@ final class SessionObject {
     }
 
     // MARK: Events
+
+    func itemsChanged() {
+        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["ItemCount"])
+    }
 
     func stateChanged() {
         try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface,

@@ -1,54 +1,217 @@
+import BrokerPolicy
 import BrokerProtocol
 import BusKit
-import Glibc
+import CSystemd
+import Foundation
 
-/// How the daemon sees a bus peer. Built only from kernel-verified credentials and /proc,
-/// never from anything the peer sends.
-struct AppIdentity: Equatable, Sendable {
+/// Where an app ID came from, strongest first. Only the sandboxes vouch for their IDs.
+enum IdentitySource: String, Sendable {
+    case flatpak, snap
+    /// The XDG convention for systemd units: `app-[<launcher>-]<AppID>…` in the cgroup path.
+    case systemdUnit = "systemd-unit"
+    /// The administrator's registry, by executable path.
+    case registry
+    /// Nothing better: the executable path itself.
+    case executable
+
+    var isSandboxed: Bool { self == .flatpak || self == .snap }
+}
+
+/// What the kernel says about a peer, read once per connection while the process is pinned.
+struct ProcessFacts: Equatable, Sendable {
     var uniqueName: String
     var pid: pid_t
     var uid: uid_t
     var executable: String
-    var appID: String
-    var team: String?
+    /// `[Application] name=` of `/proc/PID/root/.flatpak-info`.
+    var flatpakApp: String?
+    /// The snap name from a `snap.<name>.<app>…` cgroup.
+    var snapName: String?
+    /// The app ID from an XDG-style `app-…` unit in the cgroup path.
+    var unitApp: String?
 }
 
-/// Resolves and caches identities per unique bus name; entries die with the connection.
+/// How the daemon sees a bus peer. Built only from kernel-verified credentials and /proc,
+/// and the administrator's policy, never from anything the peer sends.
+struct AppIdentity: Equatable, Sendable {
+    var facts: ProcessFacts
+    var appID: String
+    var team: String?
+    var managed: Bool
+    var source: IdentitySource
+
+    var uniqueName: String { facts.uniqueName }
+    var pid: pid_t { facts.pid }
+    var uid: uid_t { facts.uid }
+    var executable: String { facts.executable }
+    var isSandboxed: Bool { source.isSandboxed }
+
+    /// Applies the resolution order: Flatpak, Snap, XDG unit name, registry, executable path.
+    init(facts: ProcessFacts, policy: Policy) {
+        self.facts = facts
+        let registered = policy.app(forExecutable: facts.executable)
+        if let app = facts.flatpakApp {
+            (appID, source) = (app, .flatpak)
+        } else if let snap = facts.snapName {
+            (appID, source) = ("snap.\(snap)", .snap)
+        } else if let app = facts.unitApp {
+            (appID, source) = (app, .systemdUnit)
+        } else if let registered {
+            (appID, source) = (registered.appID, .registry)
+        } else {
+            (appID, source) = (facts.executable, .executable)
+        }
+        // The registry names teams; a sandbox's reverse-DNS ID implies one; others have none.
+        let resolvedID = appID
+        let entry = source == .registry ? registered : policy.apps.first { $0.appID == resolvedID }
+        if let team = entry?.team {
+            self.team = team
+        } else if source.isSandboxed, appID.contains(".") {
+            self.team = String(appID[..<appID.lastIndex(of: ".")!])
+        } else {
+            self.team = nil
+        }
+        managed = policy.isManaged(appID: appID, team: team)
+    }
+
+    /// Same app: same app ID. Same team: same app, or both in one named team.
+    func isSameApp(as other: AppIdentity) -> Bool { appID == other.appID }
+    func isSameTeam(as other: AppIdentity) -> Bool {
+        isSameApp(as: other) || (team != nil && team == other.team)
+    }
+}
+
+/// Resolves identities and caches the kernel's facts per unique bus name; entries die with
+/// the connection (NameOwnerChanged).
 final class IdentityResolver {
-    private var cache: [String: AppIdentity] = [:]
+    private var facts: [String: ProcessFacts] = [:]
+    private var identities: [String: AppIdentity] = [:]
+    private(set) var policy: Policy
+
+    init(policy: Policy) { self.policy = policy }
 
     func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
-        if let known = cache[call.sender] { return known }
+        if let known = identities[call.sender] { return known }
+        let facts = try Self.readFacts(call)
+        self.facts[call.sender] = facts
+        let identity = AppIdentity(facts: facts, policy: policy)
+        identities[call.sender] = identity
+        return identity
+    }
+
+    /// The identity of a connection already seen, if it is still known.
+    func known(_ uniqueName: String) -> AppIdentity? { identities[uniqueName] }
+
+    /// A new policy changes registry-derived IDs, teams and managed flags, not the facts.
+    func apply(_ policy: Policy) {
+        self.policy = policy
+        identities = facts.mapValues { AppIdentity(facts: $0, policy: policy) }
+    }
+
+    func forget(_ uniqueName: String) {
+        facts.removeValue(forKey: uniqueName)
+        identities.removeValue(forKey: uniqueName)
+    }
+
+    /// Pins the sender's process with a pidfd, checks the bus still reports that PID for the
+    /// connection (so the PID was not recycled in between), and only then reads /proc.
+    static func readFacts(_ call: MethodCall) throws(BrokerError) -> ProcessFacts {
         let credentials: Credentials
         do {
             credentials = try call.bus.senderCredentials(of: call.message)
         } catch {
             throw BrokerError(.failed, "Failed to read the caller's credentials: \(error.message)")
         }
-        let executable = Self.executable(of: credentials.pid) ?? "unknown"
-        let identity = AppIdentity(uniqueName: credentials.uniqueName, pid: credentials.pid, uid: credentials.euid,
-                                   executable: executable, appID: Self.fallbackAppID(executable: executable), team: nil)
-        cache[call.sender] = identity
-        return identity
-    }
-
-    func forget(_ uniqueName: String) {
-        cache.removeValue(forKey: uniqueName)
+        let pidfd = shim_pidfd_open(credentials.pid)
+        guard pidfd >= 0 else {
+            throw BrokerError(.accessDenied, "The calling process \(credentials.pid) could not be pinned: it may have exited")
+        }
+        defer { close(pidfd) }
+        let again: Credentials
+        do {
+            again = try call.bus.credentials(ofName: call.sender)
+        } catch {
+            throw BrokerError(.accessDenied, "The caller's connection went away while its identity was read")
+        }
+        guard again.pid == credentials.pid else {
+            throw BrokerError(.accessDenied, "The caller's process changed while its identity was read")
+        }
+        let root = "/proc/\(credentials.pid)"
+        let cgroup = (try? String(contentsOfFile: "\(root)/cgroup", encoding: .utf8)).map(Self.cgroupPath) ?? ""
+        return ProcessFacts(
+            uniqueName: call.sender, pid: credentials.pid, uid: credentials.euid,
+            executable: executable(of: credentials.pid) ?? "unknown",
+            flatpakApp: (try? String(contentsOfFile: "\(root)/root/.flatpak-info", encoding: .utf8)).flatMap(flatpakApp(info:)),
+            snapName: snapName(cgroup: cgroup),
+            unitApp: unitApp(cgroup: cgroup))
     }
 
     /// The executable's path, without the " (deleted)" suffix the kernel adds for replaced files.
     static func executable(of pid: pid_t) -> String? {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
-        guard n > 0 else { return nil }
-        var path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard var path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe") else { return nil }
         if path.hasSuffix(" (deleted)") { path.removeLast(" (deleted)".count) }
         return path
     }
 
-    /// An app ID for an unregistered, unsandboxed executable: its path, which is what the
-    /// kernel vouches for.
-    static func fallbackAppID(executable: String) -> String {
-        executable
+    /// `name=` in the `[Application]` group of a .flatpak-info file.
+    static func flatpakApp(info: String) -> String? {
+        var inApplication = false
+        for raw in info.split(separator: "\n") {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            if line.hasPrefix("[") {
+                inApplication = line == "[Application]"
+            } else if inApplication, line.hasPrefix("name=") {
+                let name = String(line.dropFirst("name=".count))
+                return name.isEmpty ? nil : name
+            }
+        }
+        return nil
+    }
+
+    /// The unified hierarchy's path ("0::/…"), else systemd's named v1 hierarchy.
+    static func cgroupPath(_ contents: String) -> String {
+        let lines = contents.split(separator: "\n")
+        if let unified = lines.first(where: { $0.hasPrefix("0::") }), unified != "0::/" {
+            return String(unified.dropFirst(3))
+        }
+        if let named = lines.first(where: { $0.contains(":name=systemd:") }) {
+            return String(named[named.range(of: ":name=systemd:")!.upperBound...])
+        }
+        return ""
+    }
+
+    /// `snap.<name>.<app>.service` or `snap.<name>.<app>-<uuid>.scope` anywhere in the path.
+    static func snapName(cgroup: String) -> String? {
+        for component in cgroup.split(separator: "/").reversed() where component.hasPrefix("snap.") {
+            let parts = component.split(separator: ".")
+            if parts.count >= 3, !parts[1].isEmpty { return String(parts[1]) }
+        }
+        return nil
+    }
+
+    /// The app ID of the innermost `app-[<launcher>-]<AppID>[@<random>].service` or
+    /// `app-[<launcher>-]<AppID>-<random>.scope` unit in the path.
+    static func unitApp(cgroup: String) -> String? {
+        for component in cgroup.split(separator: "/").reversed() where component.hasPrefix("app-") {
+            var name = component.dropFirst("app-".count)
+            var parts: [Substring]
+            if name.hasSuffix(".service") {
+                name = name.dropLast(".service".count)
+                if let at = name.firstIndex(of: "@") { name = name[..<at] }
+                parts = name.split(separator: "-", omittingEmptySubsequences: false)
+            } else if name.hasSuffix(".scope") {
+                name = name.dropLast(".scope".count)
+                parts = name.split(separator: "-", omittingEmptySubsequences: false)
+                guard parts.count >= 2 else { continue }
+                parts.removeLast()  // the random part
+            } else {
+                continue
+            }
+            // A launcher prefix is a plain word; app IDs are reverse-DNS.
+            if parts.count >= 2, !parts[0].contains(".") { parts.removeFirst() }
+            let app = parts.joined(separator: "-").replacingOccurrences(of: "\\x2d", with: "-")
+            if !app.isEmpty, app.contains(".") { return app }
+        }
+        return nil
     }
 }

@@ -59,20 +59,28 @@ final class Session {
         return difference == 0
     }
 
-    /// The items as `identity` may see them: only the types visible to it.
-    func visibleItems(for identity: AppIdentity) -> [VisibleItem] {
-        items.map { item in
-            VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
-                        preferredHeight: item.preferredHeight,
-                        typeIdentifiers: item.representations.filter { isVisible($0, to: identity) }.map(\.typeIdentifier))
+    /// Whether `identity` may know the session exists: a restricted session exists only for
+    /// its own app.
+    func isVisible(to identity: AppIdentity) -> Bool {
+        !options.restrictedToApp || identity.isSameApp(as: source)
+    }
+
+    /// The items as `identity` may see them. A representation it may not see does not exist
+    /// for it, and neither does an item with none left; `index` is the item's real index.
+    func visibleItems(for identity: AppIdentity) -> [(index: Int, item: VisibleItem)] {
+        items.enumerated().compactMap { index, item in
+            let types = item.representations.filter { isVisible($0, to: identity) }.map(\.typeIdentifier)
+            if types.isEmpty { return nil }
+            return (index, VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
+                                       preferredHeight: item.preferredHeight, typeIdentifiers: types))
         }
     }
 
     func isVisible(_ representation: RepresentationDescriptor, to identity: AppIdentity) -> Bool {
         switch representation.visibility {
         case .all: true
-        case .app: identity.appID == source.appID
-        case .team: identity.appID == source.appID || (source.team != nil && identity.team == source.team)
+        case .app: identity.isSameApp(as: source)
+        case .team: identity.isSameTeam(as: source)
         }
     }
 
@@ -82,7 +90,7 @@ final class Session {
     func allowedOperation(for proposal: DropOperation, by destination: AppIdentity) -> DropOperation {
         switch proposal {
         case .cancel, .forbidden, .copy: proposal
-        case .move: (options.allowsMove && destination.appID == source.appID) ? .move : .copy
+        case .move: (options.allowsMove && destination.isSameApp(as: source)) ? .move : .copy
         }
     }
 }

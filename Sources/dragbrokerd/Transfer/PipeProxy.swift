@@ -14,6 +14,8 @@ final class PipeProxy {
         case endOfData
         /// The destination closed its end before the data ended.
         case destinationClosed
+        /// The source had more than `byteLimit` bytes; the destination got exactly `byteLimit`.
+        case limitExceeded
         case failed(String)
     }
 
@@ -21,6 +23,8 @@ final class PipeProxy {
     let sourceEnd: Int32
     let destinationEnd: Int32
     private(set) var bytes: UInt64 = 0
+    /// Stop once the source sends more than this (a policy size rule).
+    var byteLimit: UInt64?
     private let input: Int32
     private let output: Int32
     private var inputWatch: IOWatch?
@@ -84,7 +88,23 @@ final class PipeProxy {
     private func pump() {
         var moved: UInt64 = 0
         while moved < Self.sliceBudget {
-            let n = shim_splice(input, output, Int(Self.pipeSize))
+            var chunk = UInt64(Self.pipeSize)
+            if let limit = byteLimit {
+                if bytes >= limit {
+                    // At the limit: one more byte waiting means the source has too much.
+                    let pending = shim_pending_bytes(input)
+                    if pending > 0 { return finish(.limitExceeded) }
+                    if pending < 0 { return finish(.failed("FIONREAD failed: \(String(cString: strerror(shim_errno())))")) }
+                    // Nothing waiting: the source has closed (done, within the limit) or not yet.
+                    var p = pollfd(fd: input, events: Int16(POLLIN), revents: 0)
+                    if poll(&p, 1, 0) == 1 && p.revents & Int16(POLLHUP) != 0 && shim_pending_bytes(input) == 0 {
+                        return finish(.endOfData)
+                    }
+                    return
+                }
+                chunk = min(chunk, limit - bytes)
+            }
+            let n = shim_splice(input, output, Int(chunk))
             if n > 0 {
                 bytes += UInt64(n)
                 moved += UInt64(n)

@@ -1,0 +1,168 @@
+/// Where a policy entry or setting was written, so errors and `dragctl policy show` can send
+/// an administrator straight to the line that decided something.
+public struct SourceLocation: Hashable, Sendable, CustomStringConvertible {
+    public var file: String
+    public var line: Int
+
+    public init(file: String, line: Int) {
+        self.file = file
+        self.line = line
+    }
+
+    public var description: String { "\(file):\(line)" }
+}
+
+/// A configuration mistake. Line 0 means the whole file (it could not be read, for example).
+public struct PolicyError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var file: String
+    public var line: Int
+    public var message: String
+
+    public init(file: String, line: Int, message: String) {
+        self.file = file
+        self.line = line
+        self.message = message
+    }
+
+    init(_ location: SourceLocation, _ message: String) {
+        self.init(file: location.file, line: location.line, message: message)
+    }
+
+    public var description: String { "\(file):\(line): \(message)" }
+}
+
+/// One `[App]` section: how the daemon turns a peer's executable into an identity.
+public struct AppEntry: Hashable, Sendable {
+    public var executable: String
+    public var appID: String
+    public var team: String?
+    public var managed: Bool
+    public var origin: SourceLocation
+
+    public init(executable: String, appID: String, team: String? = nil, managed: Bool = false,
+                origin: SourceLocation) {
+        self.executable = executable
+        self.appID = appID
+        self.team = team
+        self.managed = managed
+        self.origin = origin
+    }
+}
+
+/// One `[Team]` section.
+public struct TeamEntry: Hashable, Sendable {
+    public var name: String
+    public var managed: Bool
+    public var origin: SourceLocation
+
+    public init(name: String, managed: Bool = false, origin: SourceLocation) {
+        self.name = name
+        self.managed = managed
+        self.origin = origin
+    }
+}
+
+public enum FlowEndpoint: Hashable, Sendable, CustomStringConvertible {
+    case any, managed, unmanaged
+    case app(String)
+    case team(String)
+
+    /// The spelling `From=` and `To=` accept.
+    public var description: String {
+        switch self {
+        case .any: "any"
+        case .managed: "managed"
+        case .unmanaged: "unmanaged"
+        case .app(let id): "app:\(id)"
+        case .team(let name): "team:\(name)"
+        }
+    }
+}
+
+public enum FlowAction: String, Hashable, Sendable {
+    case allow, deny
+}
+
+/// One `[Flow]` section.
+public struct FlowRule: Hashable, Sendable {
+    public var from: FlowEndpoint
+    public var to: FlowEndpoint
+    /// Empty means every type.
+    public var typePatterns: [String]
+    public var largerThan: UInt64?
+    public var action: FlowAction
+    public var origin: SourceLocation
+
+    public init(from: FlowEndpoint, to: FlowEndpoint, typePatterns: [String] = [],
+                largerThan: UInt64? = nil, action: FlowAction, origin: SourceLocation) {
+        self.from = from
+        self.to = to
+        self.typePatterns = typePatterns
+        self.largerThan = largerThan
+        self.action = action
+        self.origin = origin
+    }
+}
+
+public struct PolicyLimits: Hashable, Sendable {
+    public var sessionsPerConnection = 16
+    public var sessionsTotal = 1024
+    public var itemsPerSession = 256
+    public var representationsPerItem = 32
+    public var destinationsPerSession = 64
+    public var concurrentLoadsPerSession = 16
+    public var maxStringLength = 255
+
+    public init() {}
+
+    /// One table drives parsing, rendering and provenance, so a new limit cannot be
+    /// half-wired.
+    static let keys: [(name: String, path: WritableKeyPath<PolicyLimits, Int> & Sendable)] = [
+        ("SessionsPerConnection", \.sessionsPerConnection),
+        ("SessionsTotal", \.sessionsTotal),
+        ("ItemsPerSession", \.itemsPerSession),
+        ("RepresentationsPerItem", \.representationsPerItem),
+        ("DestinationsPerSession", \.destinationsPerSession),
+        ("ConcurrentLoadsPerSession", \.concurrentLoadsPerSession),
+        ("MaxStringLength", \.maxStringLength),
+    ]
+}
+
+public struct AuditOptions: Hashable, Sendable {
+    /// Refuse transfers that cannot be audited.
+    public var failClosed = false
+    /// 0 keeps records forever.
+    public var retentionDays = 90
+
+    public init(failClosed: Bool = false, retentionDays: Int = 90) {
+        self.failClosed = failClosed
+        self.retentionDays = retentionDays
+    }
+}
+
+public struct Policy: Hashable, Sendable {
+    public var apps: [AppEntry]
+    public var teams: [TeamEntry]
+    /// In evaluation order: the first matching rule decides.
+    public var flows: [FlowRule]
+    public var limits: PolicyLimits
+    public var audit: AuditOptions
+    /// The files actually read, in the order they were applied.
+    public var files: [String]
+    /// Which line last set a `[Limits]` or `[Audit]` key, keyed `Section.Key`; `render()`
+    /// needs it to tell file settings from defaults.
+    var settingOrigins: [String: SourceLocation] = [:]
+
+    public init(apps: [AppEntry] = [], teams: [TeamEntry] = [], flows: [FlowRule] = [],
+                limits: PolicyLimits = PolicyLimits(), audit: AuditOptions = AuditOptions(),
+                files: [String] = []) {
+        self.apps = apps
+        self.teams = teams
+        self.flows = flows
+        self.limits = limits
+        self.audit = audit
+        self.files = files
+    }
+
+    public static let `default` = Policy()
+}
