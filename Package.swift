@@ -81,6 +81,10 @@ let package = Package(
             dependencies: ["UniformTypes"]
         ),
         .testTarget(
+            name: "DaemonTests",
+            dependencies: ["dragbrokerd"]
+        ),
+        .testTarget(
             name: "TransferLogTests",
             dependencies: ["TransferLog"]
         ),

@@ -271,6 +271,40 @@ final class SecurityTests: XCTestCase {
         }
     }
 
+    func testDragctlPolicyCheckShowAndTokensThatDie() throws {
+        let world = try World { Self.registry($0) }
+        let bad = world.paths.dropIn("70-bad.conf")
+        try "[Limits]\nItemsPerSession=0\n".write(to: bad, atomically: true, encoding: .utf8)
+        let check = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                              arguments: ["policy", "check", world.paths.policyDirectory.path], environment: [:])
+        check.process.waitUntilExit()
+        XCTAssertEqual(check.process.terminationStatus, 1)
+        XCTAssertEqual(check.stderr.take { _ in true }, "\(bad.path):2: invalid value \"0\" for ItemsPerSession=, expected an integer from 1 to 1000000")
+        try FileManager.default.removeItem(at: bad)
+        let good = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                             arguments: ["policy", "check", world.paths.policyFile.path], environment: [:])
+        good.process.waitUntilExit()
+        XCTAssertEqual(good.process.terminationStatus, 0)
+        XCTAssertEqual(good.stdout.take { _ in true }, "3 apps, 0 flow rules from \(world.paths.policyFile.path).")
+
+        let show = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                             arguments: ["policy", "show", "--address", world.bus.address], environment: [:])
+        show.process.waitUntilExit()
+        let shown = show.stdout.all { _ in true }
+        let appLine = try lineNumber(of: "AppID=com.example.Teammate", in: world.paths.policyFile) - 2
+        XCTAssertTrue(shown.contains("# from \(world.paths.policyFile.path):\(appLine)"), shown.joined(separator: "\n"))
+        XCTAssertTrue(shown.contains("AppID=com.example.Teammate"))
+
+        // A token dies with its session.
+        let source = try world.peer("source-app")
+        let destination = try world.peer("other-app")
+        let (token, path) = try source.begin(EndToEndTests.helloDrag)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(source.run("cancel"), "OK")
+        XCTAssertTrue(destination.waitFor("EVENT ended cancel \(BrokerErrorCode.cancelled.busName)"))
+        XCTAssertEqual(destination.run("present \(token)"), err(.notFound, "No live session has this token"))
+    }
+
     func testIdentityCannotBeClaimed() throws {
         let world = try World { Self.registry($0) }
         // A stranger names itself after a registered app, and asks for options that do not exist.
