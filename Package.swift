@@ -40,7 +40,7 @@ let package = Package(
         .target(
             name: "BrokerClient",
             dependencies: [
-                "BusKit", "BrokerProtocol", "UniformTypes",
+                "BusKit", "CSystemd", "BrokerProtocol", "UniformTypes",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
@@ -72,7 +72,7 @@ let package = Package(
         // A scriptable peer the end-to-end tests run as separate processes.
         .executableTarget(
             name: "dragbroker-testpeer",
-            dependencies: ["BrokerClient"],
+            dependencies: ["BrokerClient", "CSystemd", .product(name: "SystemPackage", package: "swift-system")],
             path: "Tests/TestPeer"
         ),
         .target(name: "UniformTypes"),

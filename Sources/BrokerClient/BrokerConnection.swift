@@ -1,6 +1,7 @@
 import BrokerProtocol
 import BusKit
 import Foundation
+import SystemPackage
 
 /// A connection to dragbrokerd. Both roles start here: `beginDrag` for a source,
 /// `presentToken` for a destination.
@@ -15,6 +16,8 @@ public actor BrokerConnection {
     private var providers: [String: ProviderExport] = [:]
     private var routes: [String: SessionRoute] = [:]
     private var nextProvider = 1
+    /// Load handlers running for each session path, by load ID, so a cancel can stop them.
+    private var running: [String: [UInt32: Task<Void, Never>]] = [:]
 
     public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
@@ -118,6 +121,12 @@ public actor BrokerConnection {
                                                    }
                                                    try result.get()
                                                },
+                                               "ProvideFile": { [unowned self] call throws(BusError) in
+                                                   let result = self.assumeIsolated { connection in
+                                                       Result { () throws(BusError) in try connection.provideFile(call) }
+                                                   }
+                                                   try result.get()
+                                               },
                                            ]))
         } catch {
             throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
@@ -136,7 +145,7 @@ public actor BrokerConnection {
         return session
     }
 
-    /// Serves the broker's request for one representation: the load handler runs now, its
+    /// Serves the broker's request for one data representation: the handler runs now, its
     /// bytes go into the pipe the broker passed, and the reply says whether it succeeded.
     private func provide(_ call: MethodCall) throws(BusError) {
         guard call.sender == brokerName else {
@@ -146,35 +155,114 @@ public actor BrokerConnection {
         let sessionPath = try m.readObjectPath()
         let item = try m.readUInt32()
         let type = try m.readString()
+        let load = try m.readUInt32()
         let fd = try m.readFileDescriptor()
-        guard let export = providers[sessionPath], Int(item) < export.items.count,
-              let handler = export.items[Int(item)].handler(for: type) else {
+        guard let provision = provision(sessionPath, item, type) else {
             close(fd)
             throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
         }
-        if case .source(let session) = routes[sessionPath]?.role { session.noteLoadRequested(item: Int(item), type: type) }
+        if case .source(let session) = routes[sessionPath]?.role {
+            session.noteLoadRequested(load: load, item: Int(item), type: type)
+        }
         let pending = PendingReply(call)
-        Task {
+        let task = Task {
             let failure: BrokerError?
             do {
-                let data = try await handler()
-                try await DescriptorIO.write(data, consuming: fd)
+                switch provision {
+                case .data(let handler):
+                    let data = try await handler()
+                    // Worth a message only when the destination will watch the bytes arrive.
+                    if data.count >= 4 << 20 {
+                        Task { await announce(sessionPath, load, UInt64(data.count)) }
+                    }
+                    try await DescriptorIO.write(data, consuming: fd)
+                case .stream(let writer):
+                    defer { close(fd) }
+                    try await writer(DataWriter(fd: fd) { [weak self] size in await self?.announce(sessionPath, load, size) })
+                case .file:
+                    close(fd)
+                    throw BrokerError(.failed, "'\(type)' is a file representation")
+                }
                 failure = nil
             } catch let error as BrokerError {
                 failure = error
+            } catch is CancellationError {
+                failure = BrokerError(.cancelled, "The load was cancelled")
             } catch {
                 failure = BrokerError(.providerFailed, "\(error)")
             }
-            finish(pending, failure)
+            finish(pending, failure, sessionPath, load)
+        }
+        running[sessionPath, default: [:]][load] = task
+    }
+
+    /// Serves a file representation: the reply carries the descriptor, which sd-bus duplicates.
+    private func provideFile(_ call: MethodCall) throws(BusError) {
+        guard call.sender == brokerName else {
+            throw BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError
+        }
+        let m = call.message
+        let sessionPath = try m.readObjectPath()
+        let item = try m.readUInt32()
+        let type = try m.readString()
+        let load = try m.readUInt32()
+        guard case .file(let handler) = provision(sessionPath, item, type) else {
+            throw BrokerError(.notFound, "No file representation '\(type)' for item \(item)").busError
+        }
+        if case .source(let session) = routes[sessionPath]?.role {
+            session.noteLoadRequested(load: load, item: Int(item), type: type)
+        }
+        let pending = PendingReply(call)
+        let task = Task {
+            do {
+                let file = try await handler()
+                replyWithFile(pending, file, sessionPath, load)
+            } catch let error as BrokerError {
+                finish(pending, error, sessionPath, load)
+            } catch {
+                finish(pending, BrokerError(.providerFailed, "\(error)"), sessionPath, load)
+            }
+        }
+        running[sessionPath, default: [:]][load] = task
+    }
+
+    private func provision(_ sessionPath: String, _ item: UInt32, _ type: String) -> ItemProvider.Provision? {
+        guard let export = providers[sessionPath], Int(item) < export.items.count else { return nil }
+        return export.items[Int(item)].provision(for: type)
+    }
+
+    private func announce(_ sessionPath: String, _ load: UInt32, _ size: UInt64) async {
+        _ = try? await call(path: sessionPath, interface: BrokerNames.sessionInterface, member: "SetExpectedSize") { m throws(BusError) in
+            try m.append(load)
+            try m.append(size)
         }
     }
 
-    private func finish(_ pending: PendingReply, _ failure: BrokerError?) {
+    private func replyWithFile(_ pending: PendingReply, _ file: FileDescriptor, _ sessionPath: String, _ load: UInt32) {
+        running[sessionPath]?[load] = nil
+        defer { try? file.close() }
+        guard !pending.call.answered else { return }
+        do {
+            try pending.call.reply { r throws(BusError) in try r.append(fileDescriptor: file.rawValue) }
+        } catch {
+            pending.call.fail(BrokerError(.failed, "Failed to send the file: \(error.message)").busError)
+        }
+    }
+
+    private func finish(_ pending: PendingReply, _ failure: BrokerError?, _ sessionPath: String, _ load: UInt32) {
+        running[sessionPath]?[load] = nil
+        guard !pending.call.answered else { return }
         if let failure {
             pending.call.fail(failure.busError)
         } else {
             try? pending.call.reply()
         }
+    }
+
+    /// The broker ended a load this source is still producing (cancelled, timed out, the
+    /// destination left): stop its handler.
+    func loadEnded(_ sessionPath: String, _ load: UInt32) {
+        running[sessionPath]?.removeValue(forKey: load)?.cancel()
     }
 
     // MARK: Destination
@@ -209,7 +297,12 @@ public actor BrokerConnection {
     private func dispatch(_ m: Message) {
         guard let path = m.path, let route = routes[path], let member = m.member else { return }
         switch route.role {
-        case .source(let session): session.handle(signal: member, m)
+        case .source(let session):
+            if member == "LoadFinished", let load = try? m.readUInt32() {
+                loadEnded(path, load)
+                try? m.rewind()
+            }
+            session.handle(signal: member, m)
         case .destination(let session): session.handle(signal: member, m)
         }
         if member == "Ended" || member == "TransferFinished" {
@@ -241,6 +334,7 @@ public actor BrokerConnection {
     func forget(_ path: String) {
         routes[path] = nil
         providers[path] = nil
+        running.removeValue(forKey: path)?.values.forEach { $0.cancel() }
     }
 }
 

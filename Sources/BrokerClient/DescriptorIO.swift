@@ -12,7 +12,7 @@ enum DescriptorIO {
             var buffer = [UInt8](repeating: 0, count: 1 << 16)
             while true {
                 let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if n > 0 { data.append(buffer, count: n); continue }
+                if n > 0 { data.append(contentsOf: buffer[0..<n]); continue }
                 if n == 0 { return data }
                 if errno == EINTR { continue }
                 throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
@@ -28,6 +28,58 @@ enum DescriptorIO {
                 var offset = 0
                 while offset < raw.count {
                     let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                    if n > 0 { offset += n; continue }
+                    if n < 0 && errno == EINTR { continue }
+                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+                }
+            }
+        }
+    }
+
+    /// Writes all of `data` to `fd`, which stays open.
+    static func writeAll(_ data: Data, to fd: Int32) async throws {
+        try await offLoop {
+            try data.withUnsafeBytes { raw in
+                var offset = 0
+                while offset < raw.count {
+                    let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                    if n > 0 { offset += n; continue }
+                    if n < 0 && errno == EINTR { continue }
+                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+                }
+            }
+        }
+    }
+
+    /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),
+    /// then closes it. Returns the byte count.
+    static func readChunks(consuming fd: Int32, chunkSize: Int = 1 << 20, _ chunk: @escaping @Sendable (Data) throws -> Void) async throws -> UInt64 {
+        try await offLoop {
+            defer { close(fd) }
+            var total: UInt64 = 0
+            var buffer = [UInt8](repeating: 0, count: chunkSize)
+            while true {
+                let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if n > 0 {
+                    total += UInt64(n)
+                    try chunk(Data(buffer[0..<n]))
+                    continue
+                }
+                if n == 0 { return total }
+                if errno == EINTR { continue }
+                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+            }
+        }
+    }
+
+    /// Copies `fd` to end of file into `output` with splice(2)-free plain reads and writes,
+    /// then closes `fd`. Returns the byte count.
+    static func copy(consuming fd: Int32, to output: Int32) async throws -> UInt64 {
+        try await readChunks(consuming: fd) { data in
+            try data.withUnsafeBytes { raw in
+                var offset = 0
+                while offset < raw.count {
+                    let n = Glibc.write(output, raw.baseAddress! + offset, raw.count - offset)
                     if n > 0 { offset += n; continue }
                     if n < 0 && errno == EINTR { continue }
                     throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)

@@ -4,7 +4,11 @@ import BusKit
 /// What the source hears about its drag, in order.
 public enum DragSessionEvent: Sendable, Equatable {
     /// The destination asked for a representation; its load handler is running.
-    case loadRequested(item: Int, typeIdentifier: String)
+    case loadRequested(load: UInt32, item: Int, typeIdentifier: String)
+    /// Bytes of a load that reached the broker so far, and the total if it is known.
+    case loadProgress(load: UInt32, bytes: UInt64, expected: UInt64?)
+    /// A load ended; `error` says why when it did not complete (e.g. the destination cancelled).
+    case loadFinished(load: UInt32, bytes: UInt64, error: BrokerError?)
     /// The user dropped: the session will end with this operation (`sessionWillEnd`).
     case willEnd(DropOperation)
     /// The session ended (`sessionDidEnd`); `error` says why when it did not complete.
@@ -41,13 +45,20 @@ public final class DragSession: Sendable {
         lock.withLock { $0 += newItems }
     }
 
+    /// Cancels one load this source is producing; the destination hears `Cancelled`.
+    public func cancelLoad(_ load: UInt32) async throws(BrokerError) {
+        _ = try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad") { m throws(BusError) in
+            try m.append(load)
+        }
+    }
+
     /// Cancels the drag (released over nothing). Loads in flight stop.
     public func cancel() async throws(BrokerError) {
         _ = try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
     }
 
-    func noteLoadRequested(item: Int, type: String) {
-        continuation.yield(.loadRequested(item: item, typeIdentifier: type))
+    func noteLoadRequested(load: UInt32, item: Int, type: String) {
+        continuation.yield(.loadRequested(load: load, item: item, typeIdentifier: type))
     }
 
     func handle(signal: String, _ m: Message) {
@@ -60,6 +71,13 @@ public final class DragSession: Sendable {
             guard let (operation, error) = decodeEnded(m) else { return }
             continuation.yield(.ended(operation, error))
             if error != nil { continuation.finish() }
+        case "LoadProgress":
+            guard let load = try? m.readUInt32(), let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
+            continuation.yield(.loadProgress(load: load, bytes: bytes, expected: expected == 0 ? nil : expected))
+        case "LoadFinished":
+            guard let load = try? m.readUInt32(), let bytes = try? m.readUInt64(),
+                  let name = try? m.readString(), let message = try? m.readString() else { return }
+            continuation.yield(.loadFinished(load: load, bytes: bytes, error: name.isEmpty ? nil : BrokerError(BusError(name: name, message: message))))
         case "TransferFinished":
             continuation.yield(.transferFinished)
             continuation.finish()

@@ -1,9 +1,14 @@
 import BrokerProtocol
 import BusKit
 import Foundation
+import Glibc
+import SystemPackage
 
 /// What a destination hears about a session it joined.
 public enum DropSessionEvent: Sendable, Equatable {
+    /// Bytes of a load received so far for an item (as this app numbers items), and the
+    /// total if the source announced it: enough for a placeholder's progress bar.
+    case loadProgress(item: Int, load: UInt32, bytes: UInt64, expected: UInt64?)
     /// The session ended; `error` says why when it was cut short (source gone, cancelled).
     case ended(DropOperation, BrokerError?)
 }
@@ -78,28 +83,117 @@ public final class DropSession: Sendable {
         return try await operation(from: reply)
     }
 
-    /// Loads one representation's bytes; the source's load handler runs only now.
-    public func loadData(item: Int, typeIdentifier: String) async throws(BrokerError) -> Data {
+    /// Loads one representation's bytes into memory; the source's load handler runs only
+    /// now. `progress` hears (bytes so far, expected total if known). Cancelling the task
+    /// cancels the load, and the source hears of it.
+    public func loadData(item: Int, typeIdentifier: String,
+                         progress: (@Sendable (UInt64, UInt64?) -> Void)? = nil) async throws(BrokerError) -> Data {
+        let collected = Locked(Data())
+        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, kind in
+            if kind == .file {
+                defer { close(fd) }
+                let data = try await DescriptorIO.readToEnd(consuming: dup(fd))
+                collected.withLock { $0 = data }
+                return UInt64(data.count)
+            }
+            let data = try await DescriptorIO.readToEnd(consuming: fd)
+            collected.withLock { $0 = data }
+            return UInt64(data.count)
+        }
+        return collected.withLock { $0 }
+    }
+
+    /// Loads a representation as a stream of chunks, for data too large to hold at once.
+    public func loadStream(item: Int, typeIdentifier: String) -> AsyncThrowingStream<Data, Error> {
+        AsyncThrowingStream { continuation in
+            let task = Task {
+                do {
+                    _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, _ in
+                        try await DescriptorIO.readChunks(consuming: fd) { continuation.yield($0) }
+                    }
+                    continuation.finish()
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// Loads a representation into `output` (a file, a pipe, a socket); returns the byte count.
+    public func load(item: Int, typeIdentifier: String, into output: FileDescriptor,
+                     progress: (@Sendable (UInt64, UInt64?) -> Void)? = nil) async throws(BrokerError) -> UInt64 {
+        try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, _ in
+            try await DescriptorIO.copy(consuming: fd, to: output.rawValue)
+        }
+    }
+
+    /// Loads a file representation as the descriptor the source handed over (read-only, or a
+    /// sealed memfd): no byte is copied. The caller owns and closes it.
+    public func loadFile(item: Int, typeIdentifier: String) async throws(BrokerError) -> FileDescriptor {
+        let file = Locked<Int32>(-1)
+        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, kind in
+            guard kind == .file else {
+                close(fd)
+                throw BrokerError(.wrongState, "'\(typeIdentifier)' is a data representation: use loadData or loadStream")
+            }
+            var info = stat()
+            fstat(fd, &info)
+            file.withLock { $0 = fd }
+            return UInt64(info.st_size)
+        }
+        return FileDescriptor(rawValue: file.withLock { $0 })
+    }
+
+    /// The common path: ask for the load, consume its descriptor, then check the broker's
+    /// verdict (`LoadFinished`) against what arrived.
+    private func load(item: Int, typeIdentifier: String, progress: (@Sendable (UInt64, UInt64?) -> Void)?,
+                      consume: @escaping @Sendable (Int32, RepresentationKind) async throws -> UInt64) async throws(BrokerError) -> UInt64 {
         guard let index = UInt32(exactly: item) else { throw .invalidArgument("Item index \(item) is out of range") }
+        try Self.checkCancellation()
         let reply = try await call("Load") { m throws(BusError) in
             try m.append(index)
             try m.append(typeIdentifier)
         }
-        let (fd, id) = try await connection.decode { () throws(BusError) in (try reply.readFileDescriptor(), try reply.readUInt32()) }
-        let data: Data
-        do {
-            data = try await DescriptorIO.readToEnd(consuming: fd)
-        } catch {
-            throw BrokerError(.failed, "Failed to read the load's pipe: \(error)")
+        let (fd, id, kindName) = try await connection.decode { () throws(BusError) in
+            (try reply.readFileDescriptor(), try reply.readUInt32(), try reply.readString())
         }
-        let outcome = await withCheckedContinuation { continuation in
+        let kind = RepresentationKind(rawValue: kindName) ?? .data
+        loads.withLock { $0.watch(id, item: item, progress: progress) }
+        let received: UInt64
+        do {
+            received = try await withTaskCancellationHandler {
+                try await consume(fd, kind)
+            } onCancel: {
+                Task { [connection, path] in
+                    _ = try? await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad") { m throws(BusError) in
+                        try m.append(id)
+                    }
+                }
+            }
+        } catch let error as BrokerError {
+            throw error
+        } catch {
+            // The verdict explains a broken pipe better than the pipe does.
+            let outcome = await outcome(of: id)
+            throw outcome.error ?? BrokerError(.failed, "Failed to read the load: \(error)")
+        }
+        let outcome = await outcome(of: id)
+        if let error = outcome.error { throw error }
+        guard outcome.bytes == received else {
+            throw BrokerError(.failed, "The broker reported \(outcome.bytes) bytes but \(received) arrived")
+        }
+        return received
+    }
+
+    private func outcome(of id: UInt32) async -> LoadOutcome {
+        await withCheckedContinuation { continuation in
             loads.withLock { $0.await(id, continuation) }
         }
-        if let error = outcome.error { throw error }
-        guard outcome.bytes == UInt64(data.count) else {
-            throw BrokerError(.failed, "The broker reported \(outcome.bytes) bytes but \(data.count) arrived")
-        }
-        return data
+    }
+
+    private static func checkCancellation() throws(BrokerError) {
+        if Task.isCancelled { throw BrokerError(.cancelled, "The load was cancelled before it started") }
     }
 
     /// Ends the session after the drop: the source learns the operation, and when the
@@ -123,6 +217,13 @@ public final class DropSession: Sendable {
 
     func handle(signal: String, _ m: Message) {
         switch signal {
+        case "LoadProgress":
+            guard let id = try? m.readUInt32(), let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
+            let watcher = loads.withLock { $0.watcher(id) }
+            watcher?.progress?(bytes, expected == 0 ? nil : expected)
+            if let item = watcher?.item {
+                continuation.yield(.loadProgress(item: item, load: id, bytes: bytes, expected: expected == 0 ? nil : expected))
+            }
         case "LoadFinished":
             guard let id = try? m.readUInt32(), let bytes = try? m.readUInt64(),
                   let name = try? m.readString(), let message = try? m.readString() else { return }
@@ -143,10 +244,22 @@ struct LoadOutcome: Sendable {
     var error: BrokerError?
 }
 
-/// Matches `LoadFinished` signals to waiting loads, whichever comes first.
+/// Matches `LoadFinished` signals to waiting loads, whichever comes first, and routes progress.
 struct LoadResults: Sendable {
+    struct Watcher: Sendable {
+        var item: Int
+        var progress: (@Sendable (UInt64, UInt64?) -> Void)?
+    }
+
     private var finished: [UInt32: LoadOutcome] = [:]
     private var waiting: [UInt32: CheckedContinuation<LoadOutcome, Never>] = [:]
+    private var watchers: [UInt32: Watcher] = [:]
+
+    mutating func watch(_ id: UInt32, item: Int, progress: (@Sendable (UInt64, UInt64?) -> Void)?) {
+        watchers[id] = Watcher(item: item, progress: progress)
+    }
+
+    func watcher(_ id: UInt32) -> Watcher? { watchers[id] }
 
     mutating func await(_ id: UInt32, _ continuation: CheckedContinuation<LoadOutcome, Never>) {
         if let outcome = finished.removeValue(forKey: id) {
@@ -157,6 +270,7 @@ struct LoadResults: Sendable {
     }
 
     mutating func deliver(_ id: UInt32, _ outcome: LoadOutcome) {
+        watchers[id] = nil
         if let continuation = waiting.removeValue(forKey: id) {
             continuation.resume(returning: outcome)
         } else {

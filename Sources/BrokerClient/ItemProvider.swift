@@ -1,15 +1,25 @@
 import BrokerProtocol
 import Foundation
+import SystemPackage
 import UniformTypes
 
 /// A promise of data in one or more representations, like `NSItemProvider`: nothing is
 /// produced until a destination that performed the drop asks for one type.
 public final class ItemProvider: Sendable {
     public typealias LoadHandler = @Sendable () async throws -> Data
+    public typealias StreamHandler = @Sendable (DataWriter) async throws -> Void
+    public typealias FileHandler = @Sendable () async throws -> FileDescriptor
+
+    /// How a registered representation produces its bytes.
+    enum Provision: Sendable {
+        case data(LoadHandler)
+        case stream(StreamHandler)
+        case file(FileHandler)
+    }
 
     public let suggestedName: String
     public let preferredPresentationSize: (width: Double, height: Double)
-    private let registered = Locked<[(RepresentationDescriptor, LoadHandler)]>([])
+    private let registered = Locked<[(RepresentationDescriptor, Provision)]>([])
 
     public init(suggestedName: String = "", preferredPresentationSize: (width: Double, height: Double) = (0, 0)) {
         self.suggestedName = suggestedName
@@ -20,11 +30,30 @@ public final class ItemProvider: Sendable {
     /// destination loads this type, once per load.
     public func registerDataRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                            loadHandler: @escaping LoadHandler) {
+        register(typeIdentifier, visibility, .data, .data(loadHandler))
+    }
+
+    /// Registers a representation written piece by piece, for data that is large or slow to
+    /// produce: the destination starts receiving before the writer finishes.
+    public func registerStreamRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
+                                             writer: @escaping StreamHandler) {
+        register(typeIdentifier, visibility, .data, .stream(writer))
+    }
+
+    /// Registers a file representation: the handler returns a regular file opened read-only,
+    /// or a memfd sealed against writing, growing and shrinking (see `SealedMemoryFile`). The
+    /// destination receives the descriptor itself: no byte is copied. The library closes it.
+    public func registerFileRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
+                                           loadHandler: @escaping FileHandler) {
+        register(typeIdentifier, visibility, .file, .file(loadHandler))
+    }
+
+    private func register(_ typeIdentifier: String, _ visibility: Visibility, _ kind: RepresentationKind, _ provision: Provision) {
         // The broker asks for canonical MIME types: register under the same name it will use.
         // An invalid identifier is kept as given, for the broker to refuse with its reason.
         let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
         registered.withLock {
-            $0.append((RepresentationDescriptor(typeIdentifier: type, visibility: visibility), loadHandler))
+            $0.append((RepresentationDescriptor(typeIdentifier: type, visibility: visibility, kind: kind), provision))
         }
     }
 
@@ -38,7 +67,7 @@ public final class ItemProvider: Sendable {
                        representations: registered.withLock { $0.map(\.0) })
     }
 
-    func handler(for typeIdentifier: String) -> LoadHandler? {
+    func provision(for typeIdentifier: String) -> Provision? {
         registered.withLock { $0.first { $0.0.typeIdentifier == typeIdentifier }?.1 }
     }
 }

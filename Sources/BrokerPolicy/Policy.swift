@@ -112,6 +112,10 @@ public struct PolicyLimits: Hashable, Sendable {
     public var destinationsPerSession = 64
     public var concurrentLoadsPerSession = 16
     public var maxStringLength = 255
+    /// Seconds a source may take to produce a load's first byte.
+    public var firstByteTimeoutSec = 30
+    /// Seconds a load may make no progress (a stalled source, or a destination that stops reading).
+    public var stallTimeoutSec = 30
 
     public init() {}
 
@@ -125,6 +129,8 @@ public struct PolicyLimits: Hashable, Sendable {
         ("DestinationsPerSession", \.destinationsPerSession),
         ("ConcurrentLoadsPerSession", \.concurrentLoadsPerSession),
         ("MaxStringLength", \.maxStringLength),
+        ("FirstByteTimeoutSec", \.firstByteTimeoutSec),
+        ("StallTimeoutSec", \.stallTimeoutSec),
     ]
 }
 

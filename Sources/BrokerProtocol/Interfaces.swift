@@ -12,6 +12,7 @@ public enum BrokerInterfaces {
                   out: [A("session", "o"), A("token", "s")]),
             .init("PresentToken", in: [A("token", "s")], out: [A("session", "o")]),
             .init("ListSessions", out: [A("sessions", "a" + SessionSummary.signature)]),
+            .init("CancelLoad", in: [A("session", "s"), A("load", "u")]),
             .init("WhoAmI", out: [A("identity", "a{sv}")]),
             .init("GetPolicy", out: [A("policy", "s")]),
             .init("ReloadPolicy"),
@@ -31,7 +32,9 @@ public enum BrokerInterfaces {
             .init("Update", in: [A("proposal", "s")], out: [A("operation", "s")]),
             .init("Exit"),
             .init("PerformDrop", out: [A("operation", "s")]),
-            .init("Load", in: [A("item", "u"), A("type", "s")], out: [A("data", "h"), A("load", "u")]),
+            .init("Load", in: [A("item", "u"), A("type", "s")], out: [A("data", "h"), A("load", "u"), A("kind", "s")]),
+            .init("CancelLoad", in: [A("load", "u")]),
+            .init("SetExpectedSize", in: [A("load", "u"), A("size", "t")]),
             .init("Conclude"),
             .init("Cancel"),
         ],
@@ -41,17 +44,20 @@ public enum BrokerInterfaces {
             .init("State", "s", .emitsChange),
             .init("ItemCount", "u", .emitsChange),
             .init("Operation", "s", .emitsChange),
+            .init("Progress", "(tt)", .emitsChange),
         ],
         signals: [
             .init("WillEnd", [A("operation", "s")]),
             .init("Ended", [A("operation", "s"), A("error", "s"), A("message", "s")]),
             .init("TransferFinished"),
+            .init("LoadProgress", [A("load", "u"), A("bytes", "t"), A("expected", "t")]),
             .init("LoadFinished", [A("load", "u"), A("bytes", "t"), A("error", "s"), A("message", "s")]),
         ])
 
     public static let provider = InterfaceDescription(
         name: BrokerNames.providerInterface,
         methods: [
-            .init("Provide", in: [A("session", "o"), A("item", "u"), A("type", "s"), A("data", "h")]),
+            .init("Provide", in: [A("session", "o"), A("item", "u"), A("type", "s"), A("load", "u"), A("data", "h")]),
+            .init("ProvideFile", in: [A("session", "o"), A("item", "u"), A("type", "s"), A("load", "u")], out: [A("file", "h")]),
         ])
 }

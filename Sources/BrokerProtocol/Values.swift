@@ -15,14 +15,25 @@ public enum DropOperation: String, CaseIterable, Sendable, Codable {
     case cancel, forbidden, copy, move
 }
 
-/// One lazily promised representation: its type and who may see it. Never the bytes.
+/// How a representation's bytes travel.
+public enum RepresentationKind: String, CaseIterable, Sendable, Codable {
+    /// A stream: the source writes into a pipe, the broker splices it to the destination.
+    case data
+    /// A file: the source hands over a read-only regular file or a sealed memfd, and the
+    /// destination receives that descriptor itself. No byte is copied.
+    case file
+}
+
+/// One lazily promised representation: its type, who may see it, how it travels. Never the bytes.
 public struct RepresentationDescriptor: Sendable, Equatable, Codable {
     public var typeIdentifier: String
     public var visibility: Visibility
+    public var kind: RepresentationKind
 
-    public init(typeIdentifier: String, visibility: Visibility) {
+    public init(typeIdentifier: String, visibility: Visibility, kind: RepresentationKind = .data) {
         self.typeIdentifier = typeIdentifier
         self.visibility = visibility
+        self.kind = kind
     }
 }
 
@@ -42,18 +53,19 @@ public struct ItemDescriptor: Sendable, Equatable, Codable {
     }
 
     /// D-Bus signature of one item.
-    public static let signature = "(sdda(ss))"
+    public static let signature = "(sdda(sss))"
 
     public func encode(to m: Message) throws(BusError) {
-        try m.openContainer("r", "sdda(ss)")
+        try m.openContainer("r", "sdda(sss)")
         try m.append(suggestedName)
         try m.append(preferredWidth)
         try m.append(preferredHeight)
-        try m.openContainer("a", "(ss)")
+        try m.openContainer("a", "(sss)")
         for representation in representations {
-            try m.openContainer("r", "ss")
+            try m.openContainer("r", "sss")
             try m.append(representation.typeIdentifier)
             try m.append(representation.visibility.rawValue)
+            try m.append(representation.kind.rawValue)
             try m.closeContainer()
         }
         try m.closeContainer()
@@ -63,20 +75,24 @@ public struct ItemDescriptor: Sendable, Equatable, Codable {
     /// Decodes one item. Unknown visibilities are refused with the offending value.
     public static func decode(from m: Message) throws(BrokerError) -> ItemDescriptor? {
         do {
-            guard try m.enterContainer("r", "sdda(ss)") else { return nil }
+            guard try m.enterContainer("r", "sdda(sss)") else { return nil }
             let name = try m.readString()
             let width = try m.readDouble()
             let height = try m.readDouble()
             var representations: [RepresentationDescriptor] = []
-            _ = try m.enterContainer("a", "(ss)")
-            while try m.enterContainer("r", "ss") {
+            _ = try m.enterContainer("a", "(sss)")
+            while try m.enterContainer("r", "sss") {
                 let type = try m.readString()
                 let visibilityName = try m.readString()
+                let kindName = try m.readString()
                 try m.exitContainer()
                 guard let visibility = Visibility(rawValue: visibilityName) else {
                     throw BrokerError.invalidArgument("Unknown visibility '\(visibilityName)' for type '\(type)': expected app, team or all")
                 }
-                representations.append(RepresentationDescriptor(typeIdentifier: type, visibility: visibility))
+                guard let kind = RepresentationKind(rawValue: kindName) else {
+                    throw BrokerError.invalidArgument("Unknown kind '\(kindName)' for type '\(type)': expected data or file")
+                }
+                representations.append(RepresentationDescriptor(typeIdentifier: type, visibility: visibility, kind: kind))
             }
             try m.exitContainer()
             try m.exitContainer()

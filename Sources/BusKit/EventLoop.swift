@@ -182,7 +182,7 @@ public final class IOWatch: @unchecked Sendable {
 }
 
 /// A one-shot monotonic timer on the loop. Cancelled on deinit.
-public final class Timer: @unchecked Sendable {
+public final class LoopTimer: @unchecked Sendable {
     private var source: OpaquePointer?
     private let callback: () -> Void
 
@@ -191,7 +191,7 @@ public final class Timer: @unchecked Sendable {
         var now: UInt64 = 0
         sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
         let r = sd_event_add_time(loop.handle, &source, CLOCK_MONOTONIC, now + delay, 0, { _, _, userdata in
-            Unmanaged<Timer>.fromOpaque(userdata!).takeUnretainedValue().callback()
+            Unmanaged<LoopTimer>.fromOpaque(userdata!).takeUnretainedValue().callback()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         try check(r, "sd_event_add_time")

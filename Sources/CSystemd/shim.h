@@ -119,6 +119,18 @@ static inline int shim_pending_bytes(int fd) {
     return ioctl(fd, FIONREAD, &n) < 0 ? -1 : n;
 }
 
+/* F_GET_SEALS (F_LINUX_SPECIFIC_BASE + 10) and the seals, from linux/fcntl.h. */
+static inline int shim_get_seals(int fd) { return fcntl(fd, 1024 + 10); }
+static inline int shim_seal_shrink(void) { return 0x0002; }
+static inline int shim_seal_grow(void) { return 0x0004; }
+static inline int shim_seal_write(void) { return 0x0008; }
+
+/* memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) */
+static inline int shim_memfd_create(const char *name) { return (int)syscall(SYS_memfd_create, name, 0x1u | 0x2u); }
+
+/* F_ADD_SEALS with F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
+static inline int shim_seal_all(int fd) { return fcntl(fd, 1024 + 9, 0x1 | 0x2 | 0x4 | 0x8); }
+
 static inline ssize_t shim_getrandom(void *buf, size_t len) { return getrandom(buf, len, 0); }
 
 static inline int shim_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }

@@ -58,12 +58,16 @@ public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, Persist
     /// Free text chosen by the daemon, e.g. "completed", "failed", "cancelled".
     public var outcome: String
     public var errorName: String?
+    public var sourceTeam: String?
+    public var destinationTeam: String?
 
     public init(
         id: Int64? = nil, sessionID: String, sourceApp: String, destinationApp: String,
         typeIdentifier: String, bytes: Int64, startedAt: Date, endedAt: Date,
-        outcome: String, errorName: String? = nil
+        outcome: String, errorName: String? = nil, sourceTeam: String? = nil, destinationTeam: String? = nil
     ) {
+        self.sourceTeam = sourceTeam
+        self.destinationTeam = destinationTeam
         self.id = id
         self.sessionID = sessionID
         self.sourceApp = sourceApp

@@ -53,6 +53,14 @@ enum Schema {
             }
         }
 
+        migrator.registerMigration("v3-load-teams") { db in
+            // Teams decide visibility and policy, so the audit keeps them beside the apps.
+            try db.alter(table: "load") { t in
+                t.add(column: "sourceTeam", .text)
+                t.add(column: "destinationTeam", .text)
+            }
+        }
+
         return migrator
     }()
 }

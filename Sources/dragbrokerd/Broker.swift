@@ -15,7 +15,7 @@ final class Broker {
     let logger: Logger
     let policyDirectory: String
     let types: MimeDatabase
-    private let transferLog: TransferLog
+    let transferLog: TransferLog
     private let identities: IdentityResolver
     private(set) var sessions: [String: Session] = [:]
     private var nextSessionNumber = 1
@@ -100,7 +100,7 @@ final class Broker {
     }
 
     /// The policy's view of a party to a flow.
-    private func party(_ identity: AppIdentity) -> Policy.FlowParty {
+    func party(_ identity: AppIdentity) -> Policy.FlowParty {
         Policy.FlowParty(appID: identity.appID, team: identity.team, managed: identity.managed)
     }
 
@@ -288,140 +288,10 @@ final class Broker {
         if session.loads.isEmpty { finishTransfer(session) }
     }
 
-    // MARK: Loads
-
-    /// Starts a load; returns the read end of the destination's pipe (the caller closes it after
-    /// replying) and the load's ID.
-    func load(item: UInt32, type: String, by caller: AppIdentity, in session: Session) throws(BrokerError) -> (fd: Int32, id: UInt32) {
-        switch session.state {
-        case .active:
-            throw .wrongState("Loads are allowed only after PerformDrop")
-        case .concluded:
-            throw .wrongState("Session \(session.id) was concluded: no new loads")
-        case .dropped:
-            break
-        }
-        guard caller.uniqueName == session.dropDestination else {
-            throw .accessDenied("Only the destination that performed the drop may load from session \(session.id)")
-        }
-        let visible = session.visibleItems(for: caller)
-        guard Int(item) < visible.count else {
-            throw .notFound("No item \(item): session \(session.id) has \(visible.count) item(s)")
-        }
-        let canonical: String
-        do {
-            canonical = try TypeIdentifier(type).mime
-        } catch {
-            throw .invalidArgument(error.message)
-        }
-        guard visible[Int(item)].item.typeIdentifiers.contains(canonical) else {
-            throw .notFound("Item \(item) has no representation of type '\(canonical)'")
-        }
-        let decision = policy.decide(from: party(session.source), to: party(caller), type: canonical, size: nil) { [types] type, pattern in
-            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
-        }
-        if decision.action == .deny {
-            var error = BrokerError.accessDenied(
-                "The administrator's policy forbids \(canonical) from \(session.source.appID) to \(caller.appID) (rule at \(decision.rule.map { "\($0.origin)" } ?? "?"))")
-            error.rule = decision.rule.map { "\($0.origin)" }
-            throw error
-        }
-        let sizeRule = policy.byteLimit(from: party(session.source), to: party(caller), type: canonical) { [types] type, pattern in
-            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
-        }
-        let realItem = UInt32(visible[Int(item)].index)
-        guard session.loads.count < limits.concurrentLoadsPerSession else {
-            throw .limitExceeded("Session \(session.id) already has \(session.loads.count) loads in flight")
-        }
-        let load = Load(id: session.nextLoadID, item: realItem, typeIdentifier: canonical, destination: caller)
-        session.nextLoadID += 1
-        let proxy = try PipeProxy(loop: bus.loop) { [unowned self, unowned session] (outcome: PipeProxy.Outcome) in
-            switch outcome {
-            case .endOfData:
-                load.dataEnded = true
-                if load.providerAnswered { finishLoad(load, in: session, error: nil) }
-            case .destinationClosed:
-                finishLoad(load, in: session, error: BrokerError(.cancelled, "The destination closed its end of the load"))
-            case .limitExceeded:
-                var error = BrokerError.accessDenied(
-                    "The administrator's policy forbids more than \(sizeRule?.limit ?? 0) bytes of \(canonical) from \(session.source.appID) to \(caller.appID) (rule at \(sizeRule.map { "\($0.rule.origin)" } ?? "?"))")
-                error.rule = sizeRule.map { "\($0.rule.origin)" }
-                finishLoad(load, in: session, error: error)
-            case .failed(let reason):
-                finishLoad(load, in: session, error: BrokerError(.failed, reason))
-            }
-        }
-        proxy.byteLimit = sizeRule?.limit
-        load.proxy = proxy
-        defer { close(proxy.sourceEnd) }
-        do {
-            let call = try bus.newMethodCall(destination: session.source.uniqueName, path: session.providerPath,
-                                             interface: BrokerNames.providerInterface, member: "Provide")
-            try call.append(objectPath: session.path)
-            try call.append(realItem)
-            try call.append(canonical)
-            try call.append(fileDescriptor: proxy.sourceEnd)
-            load.providerCall = try bus.callAsync(call, timeout: limits.providerTimeout) { [unowned self, unowned session] result in
-                load.providerCall = nil
-                switch result {
-                case .success:
-                    load.providerAnswered = true
-                    if load.dataEnded { finishLoad(load, in: session, error: nil) }
-                case .failure(let error):
-                    finishLoad(load, in: session, error: Self.providerError(error))
-                }
-            }
-        } catch {
-            close(proxy.destinationEnd)
-            throw BrokerError(.failed, "Failed to ask the source for the data: \(error.message)")
-        }
-        session.loads[load.id] = load
-        return (proxy.destinationEnd, load.id)
-    }
-
-    private static func providerError(_ error: BusError) -> BrokerError {
-        switch error.name {
-        case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout", "System.Error.ETIMEDOUT":
-            BrokerError(.timeout, "The source did not provide the data in time")
-        default:
-            BrokerError(.providerFailed, "The source failed to provide the data: \(error.name): \(error.message)")
-        }
-    }
-
-    private func finishLoad(_ load: Load, in session: Session, error: BrokerError?) {
-        guard session.loads.removeValue(forKey: load.id) != nil else { return }
-        load.providerCall = nil
-        let bytes = load.proxy?.bytes ?? 0
-        load.proxy?.stop()
-        load.proxy = nil
-        session.object?.emitLoadFinished(load, bytes: bytes, error: error)
-        transferLog.submit(.load(LoadRecord(
-            id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
-            typeIdentifier: load.typeIdentifier, bytes: Int64(bytes), startedAt: load.startedAt, endedAt: Date(),
-            outcome: Self.outcome(of: error), errorName: error?.code.busName)))
-        if let error {
-            logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(bytes) bytes: \(error)")
-        } else {
-            logger.info("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) delivered \(bytes) bytes")
-        }
-        if session.state == .concluded && session.loads.isEmpty { finishTransfer(session) }
-    }
-
-    private static func outcome(of error: BrokerError?) -> String {
-        switch error?.code {
-        case nil: "completed"
-        case .cancelled: "cancelled"
-        case .timeout: "timed-out"
-        case .disconnected: "disconnected"
-        case .accessDenied: "denied"
-        default: "failed"
-        }
-    }
-
     // MARK: Ending
 
     /// The drop destination concluded and every load is done: tell the source and retire the session.
-    private func finishTransfer(_ session: Session) {
+    func finishTransfer(_ session: Session) {
         session.object?.emitTransferFinished()
         retire(session, outcome: "completed", error: nil)
     }

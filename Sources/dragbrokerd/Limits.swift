@@ -11,8 +11,10 @@ struct Limits: Sendable {
     var concurrentLoadsPerSession = 16
     var maxStringLength = 255
     var tokenLength = 128
-    /// How long a provider may take to answer a load, in microseconds.
-    var providerTimeout: UInt64 = 300 * 1_000_000
+    /// Microseconds a source may take to produce the first byte (or hand over the file).
+    var firstByteTimeout: UInt64 = 30_000_000
+    /// Microseconds a load may make no progress.
+    var stallTimeout: UInt64 = 30_000_000
 
     init() {}
 
@@ -24,5 +26,7 @@ struct Limits: Sendable {
         destinationsPerSession = policy.destinationsPerSession
         concurrentLoadsPerSession = policy.concurrentLoadsPerSession
         maxStringLength = policy.maxStringLength
+        firstByteTimeout = UInt64(policy.firstByteTimeoutSec) * 1_000_000
+        stallTimeout = UInt64(policy.stallTimeoutSec) * 1_000_000
     }
 }

@@ -557,6 +557,10 @@ final class BrokerPolicyTests: XCTestCase {
             ConcurrentLoadsPerSession=16
             # default
             MaxStringLength=255
+            # default
+            FirstByteTimeoutSec=30
+            # default
+            StallTimeoutSec=30
 
             [Audit]
             # default
@@ -598,6 +602,10 @@ final class BrokerPolicyTests: XCTestCase {
             ConcurrentLoadsPerSession=16
             # default
             MaxStringLength=255
+            # default
+            FirstByteTimeoutSec=30
+            # default
+            StallTimeoutSec=30
 
             [Audit]
             # default

@@ -65,15 +65,16 @@ final class ProtocolTests: XCTestCase {
             probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "BeginSession") { m throws(BusError) in
                 try m.openContainer("a", ItemDescriptor.signature)
                 if !items.isEmpty {
-                    try m.openContainer("r", "sdda(ss)")
+                    try m.openContainer("r", "sdda(sss)")
                     try m.append(name)
                     try m.append(0.0)
                     try m.append(0.0)
-                    try m.openContainer("a", "(ss)")
+                    try m.openContainer("a", "(sss)")
                     for (type, visibility) in items {
-                        try m.openContainer("r", "ss")
+                        try m.openContainer("r", "sss")
                         try m.append(type)
                         try m.append(visibility)
+                        try m.append("data")
                         try m.closeContainer()
                     }
                     try m.closeContainer()

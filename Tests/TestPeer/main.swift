@@ -4,7 +4,9 @@
 // lines, and a source prints `HANDLER <item> <type>` each time a load handler runs.
 import BrokerClient
 import BrokerProtocol
+import CSystemd
 import Foundation
+import SystemPackage
 import Synchronization
 
 let output = Mutex(FileHandle.standardOutput)
@@ -23,6 +25,17 @@ struct RepresentationSpec: Decodable {
     var fail: String?
     /// Makes the load handler never return.
     var stall: Bool?
+    /// "file": hand over a file: `file` says which kind (memfd, readonly, writable,
+    /// unsealed, directory, socket).
+    var kind: String?
+    var file: String?
+    /// Stream the bytes in chunks of this size, pausing `pauseMs` between chunks, and
+    /// announce the size first when `announce` is set; `stallAfter` stops sending (but keeps
+    /// the pipe open) after that many bytes.
+    var chunk: Int?
+    var pauseMs: Int?
+    var announce: Bool?
+    var stallAfter: Int?
 }
 
 struct ItemSpec: Decodable {
@@ -69,7 +82,12 @@ final class Peer: Sendable {
             case "present":
                 let drop = try await connection.presentToken(rest)
                 drops.withLock { $0.append(drop) }
-                Task { for await event in drop.events { emit("EVENT \(describe(event))") } }
+                Task {
+                    for await event in drop.events {
+                        if case .loadProgress = event { continue }  // PROGRESS lines come from loadprogress
+                        emit("EVENT \(describe(event))")
+                    }
+                }
                 return "OK \(drop.path)"
             case "items":
                 let items = try await lastDrop().items()
@@ -84,6 +102,52 @@ final class Peer: Sendable {
             case "load":
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
                 return "OK \(data.count) \(data.base64EncodedString())"
+            case "loadfile":
+                // The descriptor itself: its size, contents, and whether it is writable.
+                let fd = try await lastDrop().loadFile(item: Int(args[0])!, typeIdentifier: args[1])
+                defer { try? fd.close() }
+                var info = stat()
+                fstat(fd.rawValue, &info)
+                let data = try readAll(fd.rawValue)
+                let mode = fcntl(fd.rawValue, F_GETFL) & O_ACCMODE == O_RDONLY ? "readonly" : "writable"
+                return "OK \(info.st_size) \(mode) \(data.count <= 64 ? data.base64EncodedString() : (data == patternBytes(data.count) ? "pattern" : "mismatch"))"
+            case "loadprogress":
+                // Loads with progress, printing each report, then the totals.
+                let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1]) { bytes, expected in
+                    emit("PROGRESS \(bytes) \(expected.map(String.init) ?? "-")")
+                }
+                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+            case "loadcancel":
+                // Cancels the loading task once `args[2]` bytes have arrived.
+                let threshold = UInt64(args[2])!
+                let drop = try lastDrop()
+                let task = Task { () throws(BrokerError) -> Data in
+                    try await drop.loadData(item: Int(args[0])!, typeIdentifier: args[1])
+                }
+                let canceller = Task {
+                    for await event in drop.events {
+                        if case .loadProgress(_, _, let bytes, _) = event, bytes >= threshold {
+                            task.cancel()
+                            return
+                        }
+                    }
+                }
+                defer { canceller.cancel() }
+                let data = try await task.value
+                return "OK \(data.count) not cancelled"
+            case "cancelload":
+                guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no drag begun") }
+                try await drag.cancelLoad(UInt32(args[0])!)
+                return "OK"
+            case "stream":
+                // Loads as a stream of chunks; counts them and checks the bytes.
+                var data = Data()
+                var chunks = 0
+                for try await chunk in try lastDrop().loadStream(item: Int(args[0])!, typeIdentifier: args[1]) {
+                    data += chunk
+                    chunks += 1
+                }
+                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
             case "loadcheck":
                 // For large loads: the count and whether every byte matches the pattern.
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
@@ -133,7 +197,7 @@ final class Peer: Sendable {
         Task {
             for await event in session.events {
                 switch event {
-                case .loadRequested: break  // HANDLER lines say when handlers run
+                case .loadRequested, .loadProgress: break  // HANDLER lines say when handlers run
                 default: emit("EVENT \(describe(event))")
                 }
             }
@@ -154,11 +218,38 @@ final class Peer: Sendable {
                 let failure = rep.fail
                 let stall = rep.stall ?? false
                 let type = rep.type
-                provider.registerDataRepresentation(forTypeIdentifier: type, visibility: rep.visibility ?? .all) {
-                    emit("HANDLER \(index) \(type)")
-                    if let failure { throw BrokerError(.providerFailed, failure) }
-                    while stall { try await Task.sleep(for: .seconds(3600)) }
-                    return bytes
+                let visibility = rep.visibility ?? .all
+                if rep.kind == "file" {
+                    let fileKind = rep.file ?? "memfd"
+                    provider.registerFileRepresentation(forTypeIdentifier: type, visibility: visibility) {
+                        emit("HANDLER \(index) \(type)")
+                        return try makeFile(fileKind, bytes)
+                    }
+                } else if let chunk = rep.chunk {
+                    let pause = rep.pauseMs ?? 0
+                    let announce = rep.announce ?? false
+                    let stallAfter = rep.stallAfter
+                    provider.registerStreamRepresentation(forTypeIdentifier: type, visibility: visibility) { writer in
+                        emit("HANDLER \(index) \(type)")
+                        if announce { await writer.setExpectedSize(UInt64(bytes.count)) }
+                        var offset = 0
+                        while offset < bytes.count {
+                            if let stallAfter, offset >= stallAfter {
+                                while true { try await Task.sleep(for: .seconds(3600)) }
+                            }
+                            let end = min(offset + chunk, bytes.count)
+                            try await writer.write(bytes[offset..<end])
+                            offset = end
+                            if pause > 0 { try await Task.sleep(for: .milliseconds(pause)) }
+                        }
+                    }
+                } else {
+                    provider.registerDataRepresentation(forTypeIdentifier: type, visibility: visibility) {
+                        emit("HANDLER \(index) \(type)")
+                        if let failure { throw BrokerError(.providerFailed, failure) }
+                        while stall { try await Task.sleep(for: .seconds(3600)) }
+                        return bytes
+                    }
                 }
             }
             items.append(DragItem(itemProvider: provider))
@@ -169,7 +260,9 @@ final class Peer: Sendable {
 
 func describe(_ event: DragSessionEvent) -> String {
     switch event {
-    case .loadRequested(let item, let type): "loadRequested \(item) \(type)"
+    case .loadRequested(let load, let item, let type): "loadRequested \(load) \(item) \(type)"
+    case .loadProgress(let load, let bytes, let expected): "loadProgress \(load) \(bytes) \(expected.map(String.init) ?? "-")"
+    case .loadFinished(let load, let bytes, let error): "loadFinished \(load) \(bytes) \(error?.code.busName ?? "-")"
     case .willEnd(let op): "willEnd \(op.rawValue)"
     case .ended(let op, let error): "ended \(op.rawValue) \(error?.code.busName ?? "-")"
     case .transferFinished: "transferFinished"
@@ -178,6 +271,7 @@ func describe(_ event: DragSessionEvent) -> String {
 
 func describe(_ event: DropSessionEvent) -> String {
     switch event {
+    case .loadProgress(let item, let load, let bytes, let expected): "loadProgress \(item) \(load) \(bytes) \(expected.map(String.init) ?? "-")"
     case .ended(let op, let error): "ended \(op.rawValue) \(error?.code.busName ?? "-")"
     }
 }
@@ -203,4 +297,46 @@ do {
 } catch {
     emit(describe(error))
     exit(1)
+}
+
+func readAll(_ fd: Int32) throws -> Data {
+    var data = Data()
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    while true {
+        let n = read(fd, &buffer, buffer.count)
+        if n > 0 { data.append(contentsOf: buffer[0..<n]); continue }
+        if n == 0 { return data }
+        throw BrokerError(.failed, "read failed: \(errno)")
+    }
+}
+
+/// The descriptors a source might hand over, good and bad.
+func makeFile(_ kind: String, _ bytes: Data) throws -> FileDescriptor {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("testpeer-\(getpid())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let path = directory.appendingPathComponent("file-\(UUID().uuidString)").path
+    switch kind {
+    case "memfd":
+        return try SealedMemoryFile.make(name: "testpeer", data: bytes)
+    case "readonly", "writable":
+        try bytes.write(to: URL(fileURLWithPath: path))
+        return try FileDescriptor.open(path, kind == "readonly" ? .readOnly : .readWrite)
+    case "unsealed":
+        let fd = memfd_unsealed()
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        return FileDescriptor(rawValue: fd)
+    case "directory":
+        return try FileDescriptor.open(directory.path, .readOnly)
+    case "socket":
+        var pair: [Int32] = [-1, -1]
+        socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair)
+        close(pair[1])
+        return FileDescriptor(rawValue: pair[0])
+    default:
+        throw BrokerError(.invalidArgument, "peer: unknown file kind \(kind)")
+    }
+}
+
+func memfd_unsealed() -> Int32 {
+    shim_memfd_create("unsealed")
 }

@@ -91,7 +91,7 @@ final class TransferLogTests: XCTestCase {
         let reopened = try TransferLog(path: logPath)
         XCTAssertEqual(
             try reopened.strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
-            ["v1-sessions-and-loads", "v2-refusals"])
+            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams"])
     }
 
     func testRefusalsRoundTrip() throws {

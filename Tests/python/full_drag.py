@@ -22,13 +22,13 @@ def destination(address, token):
         print(f"destination: item {name} {int(width)}x{int(height)} types {[str(t) for t in types]}")
     print(f"destination: enter copy -> {session.Enter('copy')}")
     print(f"destination: drop -> {session.PerformDrop()}")
-    fd, load = session.Load(dbus.UInt32(0), TYPE)
+    fd, load, kind = session.Load(dbus.UInt32(0), TYPE)
     fd = fd.take()
     data = b""
     while chunk := os.read(fd, 65536):
         data += chunk
     os.close(fd)
-    print(f"destination: load {int(load)} got {data.decode()!r}")
+    print(f"destination: {kind} load {int(load)} got {data.decode()!r}")
     session.Conclude()
     print("destination: concluded")
 
@@ -44,8 +44,8 @@ def source(address, token_pipe):
     loop = GLib.MainLoop()
 
     class Provider(dbus.service.Object):
-        @dbus.service.method("org.dragbroker.Provider1", in_signature="oush", out_signature="")
-        def Provide(self, session, item, type_, data):
+        @dbus.service.method("org.dragbroker.Provider1", in_signature="ousuh", out_signature="")
+        def Provide(self, session, item, type_, load, data):
             print(f"source: provide item {int(item)} as {type_}")
             fd = data.take()
             os.write(fd, PAYLOAD)
@@ -58,8 +58,8 @@ def source(address, token_pipe):
 
     provider = Provider(bus, PROVIDER_PATH)
     manager = dbus.Interface(bus.get_object(BUS, MANAGER), MANAGER_IFACE)
-    items = dbus.Array([dbus.Struct(("greeting.txt", 640.0, 480.0, dbus.Array([(TYPE, "all")], signature="(ss)")),
-                                    signature="sdda(ss)")], signature="(sdda(ss))")
+    items = dbus.Array([dbus.Struct(("greeting.txt", 640.0, 480.0, dbus.Array([(TYPE, "all", "data")], signature="(sss)")),
+                                    signature="sdda(sss)")], signature="(sdda(sss))")
     path, token = manager.BeginSession(items, dbus.Dictionary({}, signature="sv"), dbus.ObjectPath(PROVIDER_PATH))
     bus.add_signal_receiver(on_signal, dbus_interface=SESSION_IFACE, path=path, member_keyword="member")
     print(f"source: began {path}")

@@ -25,7 +25,8 @@ do {
     fflush(nil)
     for await event in session.events {
         switch event {
-        case .loadRequested(let item, let type): print("source: destination requested item \(item) as \(type)")
+        case .loadRequested(_, let item, let type): print("source: destination requested item \(item) as \(type)")
+        case .loadProgress, .loadFinished: break
         case .willEnd(let operation): print("source: the drop was performed: \(operation.rawValue)")
         case .ended(let operation, nil): print("source: the session ended with \(operation.rawValue)")
         case .ended(let operation, let error?): print("source: the session ended with \(operation.rawValue): \(error)")

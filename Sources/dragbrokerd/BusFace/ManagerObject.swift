@@ -18,6 +18,7 @@ final class ManagerObject {
                     "PresentToken": serve(broker, "PresentToken") { [unowned self] in try presentToken($0) },
                     "ListSessions": serve(broker, "ListSessions") { [unowned self] in try listSessions($0) },
                     "WhoAmI": serve(broker, "WhoAmI") { [unowned self] in try whoAmI($0) },
+                    "CancelLoad": serve(broker, "CancelLoad") { [unowned self] in try cancelLoad($0) },
                     "GetPolicy": serve(broker, "GetPolicy") { [unowned self] in try getPolicy($0) },
                     "ReloadPolicy": serve(broker, "ReloadPolicy") { [unowned self] in try reloadPolicy($0) },
                 ],
@@ -108,18 +109,32 @@ final class ManagerObject {
         try reply(call) { r throws(BusError) in try r.append(text) }
     }
 
-    /// Only the user the daemon runs as, or root, may reload, and never from a sandbox.
+    /// Administrators: root or the user the daemon runs as, never from a sandbox.
+    private func requireAdministrator(_ caller: AppIdentity, to action: String) throws(BrokerError) {
+        guard !caller.isSandboxed, caller.uid == 0 || caller.uid == getuid() else {
+            throw .accessDenied("Only root or the user dragbrokerd runs as may \(action), from outside any sandbox")
+        }
+    }
+
+    private func cancelLoad(_ call: MethodCall) throws(BrokerError) {
+        let id = try argument("session") { () throws(BusError) in try call.message.readString() }
+        let load = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
+        let caller = try broker.identity(of: call)
+        try requireAdministrator(caller, to: "cancel another app's load")
+        guard let session = broker.sessions[id] else { throw .notFound("No live session \(id)") }
+        try broker.cancelLoad(load, by: caller, in: session, asAdministrator: true)
+        try reply(call)
+    }
+
     private func reloadPolicy(_ call: MethodCall) throws(BrokerError) {
         let caller = try broker.identity(of: call)
-        guard !caller.isSandboxed, caller.uid == 0 || caller.uid == getuid() else {
-            throw .accessDenied("Only root or the user dragbrokerd runs as may reload the policy, from outside any sandbox")
-        }
+        try requireAdministrator(caller, to: "reload the policy")
         try broker.reloadPolicy()
         try reply(call)
     }
 }
 
-/// Reads the `a(sdda(ss))` items argument, stopping as soon as the limit is passed.
+/// Reads the `a(sdda(sss))` items argument, stopping as soon as the limit is passed.
 func readItems(_ m: Message, limit: Int) throws(BrokerError) -> [ItemDescriptor] {
     var items: [ItemDescriptor] = []
     _ = try argument("items") { () throws(BusError) in try m.enterContainer("a", ItemDescriptor.signature) }

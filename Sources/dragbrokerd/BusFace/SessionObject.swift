@@ -28,6 +28,8 @@ final class SessionObject {
                         _ = try? m.readUInt32()
                         return try? m.readString()
                     }) { [unowned self] in try load($0) },
+                    "CancelLoad": serve(broker, "CancelLoad", session: session) { [unowned self] in try cancelLoad($0) },
+                    "SetExpectedSize": serve(broker, "SetExpectedSize", session: session) { [unowned self] in try setExpectedSize($0) },
                     "Conclude": serve(broker, "Conclude", session: session) { [unowned self] in try conclude($0) },
                     "Cancel": serve(broker, "Cancel", session: session) { [unowned self] in try cancel($0) },
                 ],
@@ -37,6 +39,13 @@ final class SessionObject {
                     "State": { [unowned self] m throws(BusError) in try m.append(self.session.state.rawValue) },
                     "ItemCount": { [unowned self] m throws(BusError) in try m.append(UInt32(self.session.items.count)) },
                     "Operation": { [unowned self] m throws(BusError) in try m.append(self.session.operation.rawValue) },
+                    "Progress": { [unowned self] m throws(BusError) in
+                        let (done, expected) = self.progress
+                        try m.openContainer("r", "tt")
+                        try m.append(done)
+                        try m.append(expected)
+                        try m.closeContainer()
+                    },
                 ]))
     }
 
@@ -105,16 +114,54 @@ final class SessionObject {
         try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
     }
 
+    /// Data loads answer at once with a pipe; file loads once the source has handed the file
+    /// over, so this call may be answered later, from a provider reply.
     private func load(_ call: MethodCall) throws(BrokerError) {
         let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
         let caller = try broker.identity(of: call)
-        let (fd, id) = try broker.load(item: item, type: type, by: caller, in: session)
-        defer { close(fd) }
-        try reply(call) { r throws(BusError) in
-            try r.append(fileDescriptor: fd)
-            try r.append(id)
+        try broker.load(item: item, type: type, by: caller, in: session) { [weak self] result in
+            guard let self else {
+                if !call.answered { call.fail(BrokerError.notFound("The session ended").busError) }
+                return
+            }
+            answerLoad(call, type: type, result)
         }
+    }
+
+    private func answerLoad(_ call: MethodCall, type: String, _ result: Result<(fd: Int32, id: UInt32, kind: RepresentationKind), BrokerError>) {
+        guard !call.answered else { return }
+        switch result {
+        case .success(let answer):
+            do {
+                try call.reply { r throws(BusError) in
+                    try r.append(fileDescriptor: answer.fd)
+                    try r.append(answer.id)
+                    try r.append(answer.kind.rawValue)
+                }
+            } catch {
+                call.fail(BrokerError(.failed, "Failed to send the reply: \(error.message)").busError)
+            }
+        case .failure(let error):
+            broker.recordRefusal(error, sender: call.sender, action: "Load", session: session, subject: type)
+            call.fail(error.busError)
+        }
+    }
+
+    private func cancelLoad(_ call: MethodCall) throws(BrokerError) {
+        let id = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
+        let caller = try broker.identity(of: call)
+        try broker.requireParticipant(caller, session)
+        try broker.cancelLoad(id, by: caller, in: session)
+        try reply(call)
+    }
+
+    private func setExpectedSize(_ call: MethodCall) throws(BrokerError) {
+        let id = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
+        let size = try argument("size") { () throws(BusError) in try call.message.readUInt64() }
+        let caller = try broker.identity(of: call)
+        try broker.setExpectedSize(size, load: id, by: caller, in: session)
+        try reply(call)
     }
 
     private func conclude(_ call: MethodCall) throws(BrokerError) {
@@ -174,12 +221,38 @@ final class SessionObject {
         emit("TransferFinished", to: session.source.uniqueName)
     }
 
-    func emitLoadFinished(_ load: Load, bytes: UInt64, error: BrokerError?) {
-        emit("LoadFinished", to: load.destination.uniqueName) { m throws(BusError) in
-            try m.append(load.id)
-            try m.append(bytes)
-            try m.append(error?.code.busName ?? "")
-            try m.append(error?.message ?? "")
+    /// Bytes done (finished loads and those in flight) and expected (announced sizes).
+    var progress: (UInt64, UInt64) {
+        let inFlight = session.loads.values.reduce(UInt64(0)) { $0 + $1.bytes }
+        let expected = session.loads.values.reduce(session.finishedBytes) { $0 + ($1.expected ?? $1.bytes) }
+        return (session.finishedBytes + inFlight, expected)
+    }
+
+    /// To both ends of the load, so a source can show progress as the destination does.
+    func emitLoadProgress(_ load: Load) {
+        let bytes = load.bytes
+        let expected = load.expected ?? 0
+        for party in Set([load.destination.uniqueName, session.source.uniqueName]) {
+            emit("LoadProgress", to: party) { m throws(BusError) in
+                try m.append(load.id)
+                try m.append(bytes)
+                try m.append(expected)
+            }
         }
+        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
+    }
+
+    /// To both ends: the destination learns whether every byte arrived, the source whether
+    /// the destination cancelled.
+    func emitLoadFinished(_ load: Load, bytes: UInt64, error: BrokerError?) {
+        for party in Set([load.destination.uniqueName, session.source.uniqueName]) {
+            emit("LoadFinished", to: party) { m throws(BusError) in
+                try m.append(load.id)
+                try m.append(bytes)
+                try m.append(error?.code.busName ?? "")
+                try m.append(error?.message ?? "")
+            }
+        }
+        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
     }
 }

@@ -37,6 +37,8 @@ final class Session {
     var dropDestination: String?
     var loads: [UInt32: Load] = [:]
     var nextLoadID: UInt32 = 1
+    /// Bytes of loads already finished, for the session's aggregate progress.
+    var finishedBytes: UInt64 = 0
     var object: SessionObject?
 
     init(id: String, token: [UInt8], source: AppIdentity, providerPath: String, items: [ItemDescriptor],
@@ -95,22 +97,37 @@ final class Session {
     }
 }
 
-/// One load in flight: a provider call and a pipe proxy.
+/// One load in flight: a provider call, and a pipe proxy for data or a descriptor for a file.
 final class Load {
     let id: UInt32
     let item: UInt32
     let typeIdentifier: String
+    let kind: RepresentationKind
     let destination: AppIdentity
     let startedAt = Date()
     var proxy: PipeProxy?
     var providerCall: Slot?
     var providerAnswered = false
     var dataEnded = false
+    /// The size the source announced, if it did.
+    var expected: UInt64?
+    /// The size of a handed-over file.
+    var fileSize: UInt64 = 0
+    var deadline: LoopTimer?
+    /// Monotonic microseconds of the last byte moved (or the start), for the stall deadline.
+    var lastProgressAt: UInt64
+    var lastReportAt: UInt64 = 0
+    /// A file load's waiting `Load` call, answered with the error if the load ends before the file arrives.
+    var onAbandoned: ((BrokerError) -> Void)?
 
-    init(id: UInt32, item: UInt32, typeIdentifier: String, destination: AppIdentity) {
+    init(id: UInt32, item: UInt32, typeIdentifier: String, kind: RepresentationKind, destination: AppIdentity, now: UInt64) {
         self.id = id
         self.item = item
         self.typeIdentifier = typeIdentifier
+        self.kind = kind
         self.destination = destination
+        self.lastProgressAt = now
     }
+
+    var bytes: UInt64 { proxy?.bytes ?? fileSize }
 }

@@ -25,6 +25,11 @@ final class PipeProxy {
     private(set) var bytes: UInt64 = 0
     /// Stop once the source sends more than this (a policy size rule).
     var byteLimit: UInt64?
+    /// Called after each wakeup that moved bytes.
+    var onProgress: (() -> Void)?
+
+    /// Whether the destination's pipe is full: it is not reading.
+    var destinationIsFull: Bool { outputIsFull() }
     private let input: Int32
     private let output: Int32
     private var inputWatch: IOWatch?
@@ -81,12 +86,14 @@ final class PipeProxy {
     /// Stops moving bytes and closes the daemon's ends, so both peers see the pipe end.
     func stop() {
         onFinish = nil
+        onProgress = nil
         inputWatch?.setEnabled(false)
         outputWatch?.setEnabled(false)
     }
 
     private func pump() {
         var moved: UInt64 = 0
+        defer { if moved > 0 { onProgress?() } }
         while moved < Self.sliceBudget {
             var chunk = UInt64(Self.pipeSize)
             if let limit = byteLimit {
@@ -136,6 +143,7 @@ final class PipeProxy {
         outputWatch?.setEnabled(false)
         let callback = onFinish
         onFinish = nil
+        onProgress = nil
         callback?(outcome)
     }
 }
