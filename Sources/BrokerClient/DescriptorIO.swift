@@ -24,7 +24,8 @@ enum DescriptorIO {
     static func write(_ data: Data, consuming fd: Int32) async throws {
         try await offLoop {
             defer { close(fd) }
-            try data.withUnsafeBytes { raw in
+            try withoutSIGPIPE {
+              try data.withUnsafeBytes { raw in
                 var offset = 0
                 while offset < raw.count {
                     let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
@@ -32,6 +33,7 @@ enum DescriptorIO {
                     if n < 0 && errno == EINTR { continue }
                     throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
                 }
+              }
             }
         }
     }
@@ -39,7 +41,8 @@ enum DescriptorIO {
     /// Writes all of `data` to `fd`, which stays open.
     static func writeAll(_ data: Data, to fd: Int32) async throws {
         try await offLoop {
-            try data.withUnsafeBytes { raw in
+            try withoutSIGPIPE {
+              try data.withUnsafeBytes { raw in
                 var offset = 0
                 while offset < raw.count {
                     let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
@@ -47,8 +50,30 @@ enum DescriptorIO {
                     if n < 0 && errno == EINTR { continue }
                     throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
                 }
+              }
             }
         }
+    }
+
+    /// A write to a pipe whose reader left (the broker ended the load) must fail with EPIPE,
+    /// not kill the app: SIGPIPE is blocked on this thread for the write, and one raised by it
+    /// is consumed before the mask is restored. The app's own signal handling is untouched.
+    static func withoutSIGPIPE<T>(_ body: () throws -> T) rethrows -> T {
+        var block = sigset_t()
+        var previous = sigset_t()
+        sigemptyset(&block)
+        sigaddset(&block, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &block, &previous)
+        defer {
+            var pending = sigset_t()
+            sigpending(&pending)
+            if sigismember(&pending, SIGPIPE) == 1 {
+                var zero = timespec()
+                _ = sigtimedwait(&block, nil, &zero)
+            }
+            pthread_sigmask(SIG_SETMASK, &previous, nil)
+        }
+        return try body()
     }
 
     /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),

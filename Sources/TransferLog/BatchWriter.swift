@@ -44,9 +44,20 @@ final class BatchWriter: @unchecked Sendable {
         lock.withLock { lastError }
     }
 
+    /// Whether the most recent batch lost entries: fail-closed auditing refuses transfers
+    /// while this holds, and accepts them again once a batch commits.
+    private var failing = false
+    var isFailing: Bool {
+        lock.withLock { failing }
+    }
+
     /// Lets tests check that a burst is committed as one transaction.
     var committedBatches: Int {
         lock.withLock { batchCount }
+    }
+
+    var isFull: Bool {
+        lock.withLock { pending.count + inFlight >= capacity }
     }
 
     func submit(_ entry: TransferLog.Entry) -> Bool {
@@ -95,7 +106,10 @@ final class BatchWriter: @unchecked Sendable {
             try pool.write { db in
                 for entry in batch { try entry.insert(db) }
             }
-            lock.withLock { batchCount += 1 }
+            lock.withLock {
+                batchCount += 1
+                failing = false
+            }
         } catch {
             // One bad row (say, a duplicate session ID) must not take the rest
             // of the batch with it, so retry entry by entry to isolate it.
@@ -112,7 +126,10 @@ final class BatchWriter: @unchecked Sendable {
     }
 
     private func report(_ error: any Error) {
-        lock.withLock { lastError = error }
+        lock.withLock {
+            lastError = error
+            failing = true
+        }
         onError?(error)
     }
 }

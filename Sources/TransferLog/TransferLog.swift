@@ -93,6 +93,12 @@ public final class TransferLog: Sendable {
         writer?.flush()
     }
 
+    /// Whether records are being lost right now: the last batch failed, or the queue is full.
+    public var isFailing: Bool {
+        guard let writer else { return true }
+        return writer.isFailing || writer.isFull
+    }
+
     /// The most recent failure to write a batch, if any; kept until replaced.
     public var lastWriteError: (any Error)? {
         writer?.lastWriteError

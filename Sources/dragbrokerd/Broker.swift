@@ -187,7 +187,7 @@ final class Broker {
                 guard !representations.contains(where: { $0.typeIdentifier == type.mime }) else {
                     throw .invalidArgument("Item \(index) declares the type '\(type.mime)' twice")
                 }
-                representations.append(RepresentationDescriptor(typeIdentifier: type.mime, visibility: representation.visibility))
+                representations.append(RepresentationDescriptor(typeIdentifier: type.mime, visibility: representation.visibility, kind: representation.kind))
             }
             normalized.append(ItemDescriptor(
                 suggestedName: SuggestedName.sanitize(item.suggestedName, maxBytes: limits.maxStringLength),

@@ -51,8 +51,13 @@ struct BeginSpec: Decodable {
     var allowsMove: Bool?
 }
 
+/// Byte i is (i * 31 + 7) mod 256: a 256-byte cycle, repeated.
 func patternBytes(_ size: Int) -> Data {
-    Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+    let cycle = Data((0..<256).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+    var data = Data(capacity: size)
+    while data.count + 256 <= size { data.append(cycle) }
+    data.append(cycle.prefix(size - data.count))
+    return data
 }
 
 func describe(_ error: Error) -> String {

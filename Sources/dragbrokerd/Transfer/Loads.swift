@@ -54,8 +54,10 @@ extension Broker {
         guard session.loads.count < limits.concurrentLoadsPerSession else {
             throw .limitExceeded("Session \(session.id) already has \(session.loads.count) loads in flight")
         }
-        if policy.audit.failClosed, let failure = transferLog.lastWriteError {
-            throw BrokerError(.failed, "The transfer cannot be audited, and the policy refuses unaudited transfers: \(failure)")
+        // Records are written off the bus path, so "cannot be written" is known from the
+        // batches before this one: while they fail, fail-closed refuses new transfers.
+        if policy.audit.failClosed, transferLog.isFailing {
+            throw BrokerError(.failed, "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
         }
         let load = Load(id: session.nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
                         destination: caller, now: Self.monotonicNow())
@@ -65,6 +67,8 @@ extension Broker {
             let sizeRule = policy.byteLimit(from: party(session.source), to: party(caller), type: canonical, conforms: conforms)
             let fd = try startDataLoad(load, in: session, sizeRule: sizeRule)
             session.loads[load.id] = load
+            // The reply carries a duplicate; the destination's end must not stay open here.
+            defer { close(fd) }
             reply(.success((fd, load.id, .data)))
         case .file:
             try startFileLoad(load, in: session, reply: reply)

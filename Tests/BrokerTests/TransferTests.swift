@@ -1,0 +1,303 @@
+import BrokerProtocol
+import BusKit
+import Foundation
+import TransferLog
+import XCTest
+
+/// The transfer engine: exact bytes at every size, files without copies, progress,
+/// cancellation from every side, deadlines, disconnects, size limits, and no leaked fds.
+final class TransferTests: XCTestCase {
+    /// A drop of one item with the given representation JSON, ready to load.
+    func dropped(_ world: World, _ reps: String, source: Peer? = nil, destination: Peer? = nil) throws -> (Peer, Peer) {
+        let source = try source ?? world.peer("source-app")
+        let destination = try destination ?? world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[\#(reps)]}]}"#)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        return (source, destination)
+    }
+
+    func testExactBytesAtEverySize() throws {
+        let world = try World()
+        var generator = SystemRandomNumberGenerator()
+        let random = (0..<3).map { _ in Int.random(in: 1...3_000_000, using: &generator) }
+        let sizes = [0, 1, 65_535, 65_536, 65_537, 10 << 20] + random
+        let reps = sizes.enumerated().map { #"{"type":"application/x-size\#($0.offset)","size":\#($0.element)}"# }.joined(separator: ",")
+        let (source, destination) = try dropped(world, reps)
+        for (index, size) in sizes.enumerated() {
+            XCTAssertEqual(destination.run("loadcheck 0 application/x-size\(index)"), "OK \(size) \(size == 0 ? "pattern" : "pattern")", "size \(size)")
+        }
+        XCTAssertEqual(destination.run("load 0 application/x-size1"), "OK 1 \(Data([7]).base64EncodedString())")
+        XCTAssertEqual(source.handlerCalls.count, sizes.count + 1, "one handler call per load, loads may repeat")
+        let loads = try world.daemon.waitForLog { log -> [LoadRecord]? in
+            let loads = try log.loads(limit: 100)
+            return loads.count == sizes.count + 1 ? loads : nil
+        }
+        XCTAssertEqual(Set(loads.map(\.bytes)), Set((sizes + [1]).map(Int64.init)))
+        XCTAssertEqual(Set(loads.map(\.outcome)), ["completed"])
+    }
+
+    func testStreamsReportProgressAndArriveAsChunks() throws {
+        let world = try World()
+        let size = 4 << 20
+        let (source, destination) = try dropped(world, #"{"type":"application/x-big","size":\#(size),"chunk":262144,"pauseMs":5,"announce":true}"#)
+        XCTAssertEqual(destination.run("loadprogress 0 application/x-big"), "OK \(size) pattern")
+        let reports = destination.stdout.all { $0.hasPrefix("PROGRESS ") }
+        XCTAssertFalse(reports.isEmpty, "progress was reported while the stream ran")
+        XCTAssertTrue(reports.allSatisfy { $0.hasSuffix(" \(size)") || $0.hasSuffix(" -") }, "\(reports)")
+        XCTAssertTrue(reports.contains { $0.hasSuffix(" \(size)") }, "the announced size reached the destination: \(reports)")
+        let counts = reports.compactMap { UInt64($0.split(separator: " ")[1]) }
+        XCTAssertEqual(counts, counts.sorted(), "progress only grows")
+        XCTAssertEqual(destination.run("stream 0 application/x-big"), "OK \(size) pattern")
+        XCTAssertEqual(source.handlerCalls.count, 2)
+    }
+
+    func testFileRepresentationsPassTheDescriptorItself() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, """
+            {"type":"image/png","kind":"file","file":"memfd","text":"sealed bytes"},\
+            {"type":"text/plain","kind":"file","file":"readonly","text":"read-only file"},\
+            {"type":"application/x-big","kind":"file","file":"memfd","size":10485760}
+            """)
+        XCTAssertEqual(destination.run("loadfile 0 image/png"), "OK 12 readonly \(Data("sealed bytes".utf8).base64EncodedString())")
+        XCTAssertEqual(destination.run("loadfile 0 text/plain"), "OK 14 readonly \(Data("read-only file".utf8).base64EncodedString())")
+        XCTAssertEqual(destination.run("loadfile 0 application/x-big"), "OK 10485760 readonly pattern")
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 14 \(Data("read-only file".utf8).base64EncodedString())", "loadData reads a file too")
+        let load = try world.daemon.waitForLog { try $0.loads().first { $0.typeIdentifier == "application/x-big" } }
+        XCTAssertEqual(load.bytes, 10_485_760)
+        XCTAssertEqual(source.handlerCalls.count, 4)
+    }
+
+    func testBadDescriptorsAreRefusedByName() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, """
+            {"type":"application/x-writable","kind":"file","file":"writable","text":"w"},\
+            {"type":"application/x-unsealed","kind":"file","file":"unsealed","text":"u"},\
+            {"type":"application/x-directory","kind":"file","file":"directory"},\
+            {"type":"application/x-socket","kind":"file","file":"socket"}
+            """)
+        XCTAssertEqual(destination.run("loadfile 0 application/x-writable"),
+                       err(.providerFailed, "The source handed over a file open for writing: open it read-only, or pass a sealed memfd"))
+        XCTAssertEqual(destination.run("loadfile 0 application/x-unsealed"),
+                       err(.providerFailed, "The source handed over a memfd without write, grow and shrink seals"))
+        XCTAssertEqual(destination.run("loadfile 0 application/x-directory"),
+                       err(.providerFailed, "The source handed over a directory, not a file"))
+        XCTAssertEqual(destination.run("loadfile 0 application/x-socket"),
+                       err(.providerFailed, "The source handed over a socket, not a file"))
+        XCTAssertTrue(source.waitFor("EVENT loadFinished 4 0 \(BrokerErrorCode.providerFailed.busName)"), "the source hears why too")
+    }
+
+    func testCancelFromTheDestinationTheSourceAndAnAdministrator() throws {
+        let world = try World()
+        let slow = #"{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20}"#
+        let (source, destination) = try dropped(world, slow)
+
+        // The destination cancels its task once bytes flow.
+        XCTAssertEqual(destination.run("loadcancel 0 application/x-slow 131072"), err(.cancelled, "The destination cancelled load 1"))
+        XCTAssertNotNil(source.stdout.take { $0.hasPrefix("EVENT loadFinished 1 ") && $0.hasSuffix(BrokerErrorCode.cancelled.busName) })
+
+        // The source cancels a load it is producing.
+        destination.send("load 0 application/x-slow")
+        XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+        XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+        XCTAssertEqual(source.run("cancelload 2"), "OK")
+        XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "The source cancelled load 2"))
+
+        // An administrator cancels through the manager.
+        destination.send("load 0 application/x-slow")
+        XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+        let probe = try BusProbe(address: world.bus.address)
+        let cancel = probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "CancelLoad") { m throws(BusError) in
+            try m.append("s1")
+            try m.append(UInt32(3))
+        }
+        XCTAssertEqual(cancel.errorName, "OK")
+        XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "An administrator cancelled load 3"))
+
+        let outcomes = try world.daemon.waitForLog { log -> [String]? in
+            let loads = try log.loads()
+            return loads.count == 3 ? loads.map(\.outcome) : nil
+        }
+        XCTAssertEqual(outcomes, ["cancelled", "cancelled", "cancelled"])
+    }
+
+    func testDeadlinesForTheFirstByteAndForStalls() throws {
+        let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=1\nStallTimeoutSec=1\n" }
+        let (source, destination) = try dropped(world, """
+            {"type":"application/x-silent","stall":true},\
+            {"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}
+            """)
+        XCTAssertEqual(destination.run("load 0 application/x-silent"),
+                       err(.timeout, "The source produced nothing within 1 s (first-byte deadline)"))
+        XCTAssertNotNil(source.stdout.take { $0 == "EVENT loadFinished 1 0 \(BrokerErrorCode.timeout.busName)" })
+        XCTAssertEqual(destination.run("load 0 application/x-stalls"),
+                       err(.timeout, "The load made no progress for 1 s: the source stopped sending (stall deadline)"))
+        XCTAssertNotNil(source.stdout.take { $0 == "EVENT loadFinished 2 131072 \(BrokerErrorCode.timeout.busName)" })
+    }
+
+    /// A destination that never reads stalls only its own load: another session's transfer
+    /// runs to the end meanwhile, and the stuck one times out naming the destination.
+    func testADestinationThatNeverReadsSlowsOnlyItself() throws {
+        let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=2\nStallTimeoutSec=2\n" }
+        let source = try world.peer("source-app")
+        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":16777216,"chunk":1048576}]}]}"#)
+        let probe = try BusProbe(address: world.bus.address)
+        func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
+            try probe.call(BrokerNames.busName, path, interface, member, build).get()
+        }
+        _ = try call("PresentToken", BrokerNames.managerPath, BrokerNames.managerInterface) { m throws(BusError) in try m.append(token) }
+        _ = try call("Enter", path, BrokerNames.sessionInterface) { m throws(BusError) in try m.append("copy") }
+        _ = try call("PerformDrop", path, BrokerNames.sessionInterface) { _ throws(BusError) in }
+        let held = try call("Load", path, BrokerNames.sessionInterface) { m throws(BusError) in
+            try m.append(UInt32(0))
+            try m.append("application/x-big")
+        }
+        let pipe = try held.readFileDescriptor()  // held, never read
+        defer { close(pipe) }
+
+        let (otherSource, reader) = try dropped(world, #"{"type":"application/x-other","size":5000000}"#, destination: try world.peer("reader-app"))
+        defer { otherSource.terminate() }
+        XCTAssertEqual(reader.run("loadcheck 0 application/x-other"), "OK 5000000 pattern")
+
+        XCTAssertNotNil(source.stdout.take(timeout: 20) {
+            $0.hasPrefix("EVENT loadFinished 1 ") && $0.hasSuffix(BrokerErrorCode.timeout.busName)
+        })
+        let stuck = try world.daemon.waitForLog { try $0.loads().first { $0.typeIdentifier == "application/x-big" } }
+        XCTAssertEqual(stuck.outcome, "timed-out")
+        XCTAssertEqual(stuck.errorName, BrokerErrorCode.timeout.busName)
+        XCTAssertGreaterThan(stuck.bytes, 0)
+        XCTAssertLessThan(stuck.bytes, 16_777_216)
+    }
+
+    func testDisconnectOfEitherPartyMidStream() throws {
+        let world = try World()
+        let slow = #"{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20}"#
+        do {
+            let (source, destination) = try dropped(world, slow)
+            destination.send("load 0 application/x-slow")
+            XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+            usleep(100_000)
+            source.kill()
+            XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") },
+                           err(.disconnected, "The source app \(source.executable.path) disconnected"))
+        }
+        do {
+            let (source, destination) = try dropped(world, slow, source: try world.peer("second-source"), destination: try world.peer("second-destination"))
+            destination.send("load 0 application/x-slow")
+            XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+            usleep(100_000)
+            destination.kill()
+            XCTAssertNotNil(source.stdout.take { $0.hasPrefix("EVENT loadFinished 1 ") && $0.hasSuffix(BrokerErrorCode.disconnected.busName) })
+            XCTAssertTrue(source.waitFor("EVENT ended copy \(BrokerErrorCode.disconnected.busName)"))
+        }
+        let outcomes = try world.daemon.waitForLog { log -> [String]? in
+            let loads = try log.loads()
+            return loads.count == 2 ? loads.map(\.outcome) : nil
+        }
+        XCTAssertEqual(outcomes, ["disconnected", "disconnected"])
+    }
+
+    func testAPolicySizeLimitStopsTheStream() throws {
+        let world = try World { _ in "[Flow]\nFrom=any\nTo=any\nLargerThan=1M\nAction=deny\n" }
+        let (source, destination) = try dropped(world, #"{"type":"application/x-big","size":3145728,"chunk":262144}"#)
+        XCTAssertEqual(destination.run("loadcheck 0 application/x-big"), err(.accessDenied,
+            "The administrator's policy forbids more than 1048576 bytes of application/x-big from \(source.executable.path) to \(destination.executable.path) (rule at \(world.paths.policyFile.path):1)"))
+        let load = try world.daemon.waitForLog { try $0.loads().first }
+        XCTAssertEqual(load.bytes, 1_048_576, "exactly the limit went through, not a byte more")
+        XCTAssertEqual(load.outcome, "denied")
+    }
+
+    func testManyConcurrentLoadsAllArriveExactly() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        var destinations: [Peer] = []
+        for index in 0..<4 {
+            let sizes = [1_000_003, 2_500_000]
+            let reps = sizes.enumerated().map { #"{"type":"application/x-part\#($0.offset)","size":\#($0.element),"chunk":65536}"# }.joined(separator: ",")
+            let (_, destination) = try dropped(world, reps, source: source, destination: try world.peer("destination-\(index)"))
+            destinations.append(destination)
+        }
+        for destination in destinations {
+            destination.send("loadcheck 0 application/x-part0")
+            destination.send("loadcheck 0 application/x-part1")
+        }
+        for destination in destinations {
+            XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, "OK 1000003 pattern")
+            XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, "OK 2500000 pattern")
+        }
+    }
+
+    func testNoDescriptorLeaks() throws {
+        let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=1\n" }
+        let pid = world.daemon.process.processIdentifier
+        func openDescriptors() throws -> [String] {
+            try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").map { fd in
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(fd)")) ?? "?"
+            }.sorted()
+        }
+        let before = try openDescriptors()
+        do {
+            let (source, destination) = try dropped(world, """
+                {"type":"text/plain","text":"hello"},\
+                {"type":"image/png","kind":"file","file":"memfd","text":"png"},\
+                {"type":"application/x-writable","kind":"file","file":"writable","text":"w"},\
+                {"type":"application/x-silent","stall":true},\
+                {"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20}
+                """)
+            XCTAssertEqual(destination.run("load 0 text/plain"), "OK 5 \(Data("hello".utf8).base64EncodedString())")
+            XCTAssertEqual(destination.run("loadfile 0 image/png"), "OK 3 readonly \(Data("png".utf8).base64EncodedString())")
+            XCTAssertTrue(destination.run("loadfile 0 application/x-writable").hasPrefix(err(.providerFailed, "")))
+            XCTAssertTrue(destination.run("load 0 application/x-silent").hasPrefix(err(.timeout, "")))
+            XCTAssertTrue(destination.run("loadcancel 0 application/x-slow 65536").hasPrefix(err(.cancelled, "")))
+            destination.send("load 0 application/x-slow")
+            for _ in 0..<200 where source.handlerCalls.count < 6 { usleep(20_000) }
+            XCTAssertEqual(source.handlerCalls.count, 6)
+            source.kill()
+            _ = destination.stdout.take { $0.hasPrefix("ERR") }
+            destination.kill()
+        }
+        _ = try world.daemon.waitForLog { log -> Bool? in try log.loads().count == 6 ? true : nil }
+        var after = try openDescriptors()
+        for _ in 0..<50 where after != before {
+            usleep(50_000)
+            after = try openDescriptors()
+        }
+        XCTAssertEqual(after, before, "the daemon holds as many descriptors as before the loads")
+    }
+
+    /// Fail-closed auditing: while the log cannot take records (here another process holds
+    /// the database's write lock), new transfers are refused; once it can, they resume.
+    func testFailClosedAuditingRefusesTransfersTheLogCannotRecord() throws {
+        let world = try World { _ in "[Audit]\nFailClosed=yes\n" }
+        let (source, destination) = try dropped(world, #"{"type":"text/plain","text":"audited"}"#)
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 7 \(Data("audited".utf8).base64EncodedString())")
+        _ = try world.daemon.waitForLog { try $0.loads().first }
+
+        let locker = try Child(executable: URL(fileURLWithPath: "/usr/bin/sqlite3"), arguments: [world.daemon.transferLogPath],
+                               environment: [:])
+        locker.send("BEGIN EXCLUSIVE; SELECT 'locked';")
+        XCTAssertNotNil(locker.stdout.take { $0 == "locked" })
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 7 \(Data("audited".utf8).base64EncodedString())",
+                       "the first failure is only known once its record fails to write")
+        XCTAssertNotNil(world.daemon.stderr.take { $0.contains("Failed to write the transfer log") })
+        XCTAssertEqual(destination.run("load 0 text/plain"), err(.failed,
+            "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)"))
+        XCTAssertEqual(source.handlerCalls.count, 2, "the refused load never reached the source")
+
+        locker.send("COMMIT;")
+        locker.send(".quit")
+        locker.process.waitUntilExit()
+        // The next record that commits (a refusal's, at worst) shows the log is healthy again.
+        var answer = ""
+        for _ in 0..<10 {
+            answer = destination.run("load 0 text/plain")
+            if answer.hasPrefix("OK") { break }
+            XCTAssertTrue(answer.hasPrefix(err(.failed, "")), answer)
+            usleep(200_000)
+        }
+        XCTAssertEqual(answer, "OK 7 \(Data("audited".utf8).base64EncodedString())")
+        let refusal = try world.daemon.waitForLog { try $0.refusals().first }
+        XCTAssertEqual(refusal.errorName, BrokerErrorCode.failed.busName)
+    }
+}
