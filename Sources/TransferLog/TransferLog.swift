@@ -129,6 +129,21 @@ public final class TransferLog: Sendable {
         }
     }
 
+    /// Deletes records that ended before `cutoff`; returns how many went. Retention, run by
+    /// the daemon off its bus thread.
+    @discardableResult
+    public func prune(endedBefore cutoff: Date) throws -> Int {
+        let micros = Int64((cutoff.timeIntervalSince1970 * 1_000_000).rounded())
+        return try pool.write { db in
+            try db.execute(sql: "DELETE FROM session WHERE endedAt < ?", arguments: [micros])
+            var removed = db.changesCount
+            try db.execute(sql: "DELETE FROM load WHERE endedAt < ?", arguments: [micros])
+            removed += db.changesCount
+            try db.execute(sql: "DELETE FROM refusal WHERE at < ?", arguments: [micros])
+            return removed + db.changesCount
+        }
+    }
+
     /// Newest first.
     public func refusals(limit: Int = 100) throws -> [RefusalRecord] {
         try pool.read { db in

@@ -92,7 +92,24 @@ final class Broker {
         }
         identities.apply(policy)
         limits = Limits(policy.limits)
+        applyRetention()
         logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
+    }
+
+    /// Drops log records older than `RetentionDays=` (0 keeps everything), off the bus thread.
+    func applyRetention() {
+        let days = policy.audit.retentionDays
+        guard days > 0 else { return }
+        let log = transferLog
+        let logger = logger
+        DispatchQueue.global(qos: .utility).async {
+            do {
+                let removed = try log.prune(endedBefore: Date().addingTimeInterval(-Double(days) * 86_400))
+                if removed > 0 { logger.info("Removed \(removed) transfer log record(s) older than \(days) days") }
+            } catch {
+                logger.warning("Failed to apply the log's retention: \(error), ignoring")
+            }
+        }
     }
 
     static func loadPolicy(directory: String) throws(PolicyError) -> Policy {

@@ -89,6 +89,7 @@ func runDaemon() -> Int32 {
         let broker = Broker(bus: bus, transferLog: transferLog, policy: policy, policyDirectory: options.policyDirectory,
                             types: MimeDatabase.system, logger: logger)
         try broker.start()
+        broker.applyRetention()
         // sd-bus closes the connection when the loop exits: end sessions while it still works.
         let terminate = { [logger] in
             logger.info("Received a termination signal, ending sessions")

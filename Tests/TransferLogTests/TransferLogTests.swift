@@ -94,6 +94,20 @@ final class TransferLogTests: XCTestCase {
             ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams"])
     }
 
+    func testPruneRemovesOnlyOldRecords() throws {
+        let log = try TransferLog(path: logPath)
+        log.submit(.session(session("old")))
+        log.submit(.load(load(sessionID: "old")))
+        var recent = session("new")
+        recent.startedAt = t0.addingTimeInterval(86_400 * 10)
+        recent.endedAt = recent.startedAt
+        log.submit(.session(recent))
+        log.flush()
+        XCTAssertEqual(try log.prune(endedBefore: t0.addingTimeInterval(86_400)), 2)
+        XCTAssertEqual(try log.sessions().map(\.sessionID), ["new"])
+        XCTAssertEqual(try log.loads(), [])
+    }
+
     func testRefusalsRoundTrip() throws {
         let log = try TransferLog(path: logPath)
         let refusal = RefusalRecord(at: t0, app: "org.example.Unmanaged", uid: 1000, pid: 42, action: "Load", sessionID: "s3",
