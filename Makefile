@@ -2,7 +2,7 @@
 SWIFT ?= swift
 BIN := .build/debug
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo install uninstall clean
 
 all: build
 
@@ -18,6 +18,40 @@ test: deps
 
 demo: build
 	@scripts/demo
+
+# `make && sudo make install`: binaries, the user unit, D-Bus activation, completions,
+# the example policy. CONFIGURATION=debug installs the debug build instead.
+PREFIX ?= /usr/local
+DESTDIR ?=
+CONFIGURATION ?= release
+BINDIR := $(PREFIX)/bin
+USERUNITDIR := $(PREFIX)/lib/systemd/user
+DBUSSERVICEDIR := $(PREFIX)/share/dbus-1/services
+BASHCOMPDIR := $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR := $(PREFIX)/share/zsh/vendor-completions
+FISHCOMPDIR := $(PREFIX)/share/fish/vendor_completions.d
+DOCDIR := $(PREFIX)/share/doc/dragbroker
+BUILT := .build/$(CONFIGURATION)
+INSTALLED := $(BINDIR)/dragbrokerd $(BINDIR)/dragctl $(USERUNITDIR)/dragbrokerd.service \
+	$(DBUSSERVICEDIR)/org.dragbroker.Broker1.service $(BASHCOMPDIR)/dragctl $(ZSHCOMPDIR)/_dragctl \
+	$(FISHCOMPDIR)/dragctl.fish $(DOCDIR)/README.md $(DOCDIR)/examples/dragbroker.conf
+
+install:
+	@test -x $(BUILT)/dragbrokerd -a -x $(BUILT)/dragctl || \
+		{ echo "No $(CONFIGURATION) build: run 'swift build -c $(CONFIGURATION)' first" >&2; exit 1; }
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(USERUNITDIR) $(DESTDIR)$(DBUSSERVICEDIR) \
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 $(BUILT)/dragbrokerd $(BUILT)/dragctl $(DESTDIR)$(BINDIR)/
+	sed 's|@bindir@|$(BINDIR)|g; s|@docdir@|$(DOCDIR)|g' systemd/dragbrokerd.service.in > $(DESTDIR)$(USERUNITDIR)/dragbrokerd.service
+	sed 's|@bindir@|$(BINDIR)|g' systemd/org.dragbroker.Broker1.service.in > $(DESTDIR)$(DBUSSERVICEDIR)/org.dragbroker.Broker1.service
+	$(BUILT)/dragctl --generate-completion-script bash > $(DESTDIR)$(BASHCOMPDIR)/dragctl
+	$(BUILT)/dragctl --generate-completion-script zsh > $(DESTDIR)$(ZSHCOMPDIR)/_dragctl
+	$(BUILT)/dragctl --generate-completion-script fish > $(DESTDIR)$(FISHCOMPDIR)/dragctl.fish
+	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -m 0644 examples/dragbroker.conf $(DESTDIR)$(DOCDIR)/examples/dragbroker.conf
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 
 clean:
 	rm -rf .build

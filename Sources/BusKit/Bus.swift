@@ -55,6 +55,10 @@ public final class Bus: @unchecked Sendable {
         try check(r, "requesting the name \(name)")
     }
 
+    public func releaseName(_ name: String) throws(BusError) {
+        try check(sd_bus_release_name(handle, name), "releasing the name \(name)")
+    }
+
     // MARK: Messages
 
     public func newMethodCall(destination: String, path: String, interface: String, member: String) throws(BusError) -> Message {

@@ -70,6 +70,12 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         try check(sd_event_loop(handle), "sd_event_loop")
     }
 
+    /// Sends WATCHDOG=1 automatically when systemd asked for it ($WATCHDOG_USEC); otherwise
+    /// adds no wakeup at all.
+    public func enableWatchdog() {
+        sd_event_set_watchdog(handle, 1)
+    }
+
     /// Makes `run()` return once the current iteration finishes. Call on the loop thread.
     public func exit(code: Int32 = 0) {
         sd_event_exit(handle, code)

@@ -23,6 +23,11 @@ final class Broker {
     private var objectManager: Slot?
     private var peerWatch: Slot?
     private var retiredSessions: Slot?
+    /// With `--exit-idle-time`, how long to stay up with no session, in microseconds.
+    var idleExit: UInt64?
+    private var idleTimer: LoopTimer?
+    /// Called when the daemon has been idle for `idleExit`.
+    var onIdle: (() -> Void)?
 
     init(bus: Bus, transferLog: TransferLog, policy: Policy, policyDirectory: String, types: MimeDatabase, logger: Logger) {
         self.bus = bus
@@ -72,6 +77,26 @@ final class Broker {
     }
 
     var policy: Policy { identities.policy }
+
+    /// The session count changed: tell the bus, systemd's status line, and the idle timer.
+    func sessionsChanged() {
+        manager?.sessionCountChanged()
+        _ = shim_notify("STATUS=\(sessions.count) live session\(sessions.count == 1 ? "" : "s")")
+        armIdleTimer()
+    }
+
+    /// Arms the idle timer only while there is no session: never a periodic wakeup.
+    func armIdleTimer() {
+        guard let idleExit, sessions.isEmpty else {
+            idleTimer = nil
+            return
+        }
+        idleTimer = try? LoopTimer(loop: bus.loop, afterMicroseconds: idleExit) { [unowned self] in
+            guard sessions.isEmpty else { return }
+            logger.info("No session for \(idleExit / 1_000_000) s, exiting")
+            onIdle?()
+        }
+    }
 
     func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
         try identities.identity(of: call)
@@ -154,7 +179,7 @@ final class Broker {
         }
         sessions[id] = session
         try? bus.emitObjectAdded(path: session.path)
-        manager?.sessionCountChanged()
+        sessionsChanged()
         logger.info("Session \(id) begun by \(source.appID) (pid \(source.pid)) with \(items.count) item(s)")
         return session
     }
@@ -332,7 +357,7 @@ final class Broker {
         let object = session.object
         session.object = nil
         bus.loop.soon { _ = object }
-        manager?.sessionCountChanged()
+        sessionsChanged()
         let destination = session.dropDestination.flatMap { session.destinations[$0]?.identity.appID }
         transferLog.submit(.session(SessionRecord(
             sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,

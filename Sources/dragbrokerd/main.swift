@@ -12,9 +12,10 @@ struct Options {
     var address: String?
     var stateDirectory: String?
     var policyDirectory = "/etc/dragbroker"
+    var exitIdleTime: UInt64?
 
     static let usage = """
-        Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR]
+        Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR] [--exit-idle-time SEC]
 
         Brokers drag and drop between apps on the D-Bus session bus.
 
@@ -23,6 +24,7 @@ struct Options {
                                    (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker)
           --policy-directory DIR   read dragbroker.conf and dragbroker.conf.d/*.conf from DIR
                                    (default: /etc/dragbroker); reloaded on SIGHUP
+          --exit-idle-time SEC     exit after SEC seconds without any session (for bus activation)
           --version                print the version and exit
           -h, --help               print this help and exit
         """
@@ -39,6 +41,10 @@ struct Options {
             case "--address": options.address = value(argument)
             case "--state-directory": options.stateDirectory = value(argument)
             case "--policy-directory": options.policyDirectory = value(argument)
+            case "--exit-idle-time":
+                let text = value(argument)
+                guard let seconds = UInt64(text), seconds > 0 else { fail("--exit-idle-time needs a positive number of seconds, not '\(text)'") }
+                options.exitIdleTime = seconds * 1_000_000
             case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
             case "-h", "--help": print(usage); exit(0)
             default: fail("unknown argument '\(argument)'")
@@ -96,6 +102,13 @@ func runDaemon() -> Int32 {
             broker.shutdown()
             loop.exit()
         }
+        broker.idleExit = options.exitIdleTime
+        broker.onIdle = {
+            // Give the name back first, so the next caller activates a new daemon.
+            try? bus.releaseName(BrokerNames.busName)
+            broker.shutdown()
+            loop.exit()
+        }
         var watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
         watches.append(try SignalWatch(loop: loop, signal: SIGHUP) {
             logger.info("Received SIGHUP, reloading the policy")
@@ -104,7 +117,9 @@ func runDaemon() -> Int32 {
         try bus.requestName(BrokerNames.busName)
         logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
         // Ready only now that the name is ours: activation waits for exactly this.
-        _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName)")
+        _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName), no live session")
+        loop.enableWatchdog()
+        broker.armIdleTimer()
         try loop.run()
         withExtendedLifetime(watches) {}
         return 0

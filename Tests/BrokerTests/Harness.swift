@@ -122,14 +122,15 @@ final class Daemon: Child {
     let stateDirectory: URL
     let policyDirectory: URL
 
-    init(bus: PrivateBus, stateDirectory: URL, policyDirectory: URL) throws {
+    init(bus: PrivateBus, stateDirectory: URL, policyDirectory: URL, arguments: [String] = [],
+         environment: [String: String] = [:], waitUntilServing: Bool = true) throws {
         self.stateDirectory = stateDirectory
         self.policyDirectory = policyDirectory
         try super.init(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
                        arguments: ["--address", bus.address, "--state-directory", stateDirectory.path,
-                                   "--policy-directory", policyDirectory.path],
-                       environment: ["PATH": "/usr/bin:/bin"])
-        guard stderr.take(where: { $0.contains("Serving org.dragbroker.Broker1") }) != nil else {
+                                   "--policy-directory", policyDirectory.path] + arguments,
+                       environment: ["PATH": "/usr/bin:/bin"].merging(environment) { $1 })
+        guard !waitUntilServing || stderr.take(where: { $0.contains("Serving org.dragbroker.Broker1") }) != nil else {
             throw HarnessError("dragbrokerd did not start: \(stderr.text)")
         }
     }
