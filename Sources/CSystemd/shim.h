@@ -19,6 +19,8 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-event.h>
+#include <systemd/sd-journal.h>
+#include <sys/uio.h>
 
 static inline int shim_errno(void) { return errno; }
 
@@ -130,6 +132,8 @@ static inline int shim_memfd_create(const char *name) { return (int)syscall(SYS_
 
 /* F_ADD_SEALS with F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
 static inline int shim_seal_all(int fd) { return fcntl(fd, 1024 + 9, 0x1 | 0x2 | 0x4 | 0x8); }
+
+static inline int shim_journal_sendv(const struct iovec *iov, int n) { return sd_journal_sendv(iov, n); }
 
 static inline ssize_t shim_getrandom(void *buf, size_t len) { return getrandom(buf, len, 0); }
 

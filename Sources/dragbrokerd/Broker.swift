@@ -151,10 +151,12 @@ final class Broker {
     /// Records a refusal beside the transfers: who asked, for what, and why.
     func recordRefusal(_ error: BrokerError, sender: String, action: String, session: Session?, subject: String?) {
         let identity = identities.known(sender)
-        transferLog.submit(.refusal(RefusalRecord(
+        let record = RefusalRecord(
             at: Date(), app: identity?.appID ?? sender, uid: Int64(identity?.uid ?? 0), pid: Int64(identity?.pid ?? 0),
             action: action, sessionID: session?.id, subject: subject, errorName: error.code.busName,
-            message: error.message, rule: error.rule)))
+            message: error.message, rule: error.rule)
+        transferLog.submit(.refusal(record))
+        AuditJournal.record(record)
         logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
     }
 

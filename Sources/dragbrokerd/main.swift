@@ -69,7 +69,12 @@ func transferLogPath(_ options: Options) -> String {
 
 func runDaemon() -> Int32 {
     let options = Options.parse(Array(CommandLine.arguments.dropFirst()))
-    LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
+    // Under journald, structured entries; elsewhere, plain lines on stderr.
+    if Journal.isConnected {
+        LoggingSystem.bootstrap { JournalLogHandler(label: $0) }
+    } else {
+        LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
+    }
     var logger = Logger(label: "dragbrokerd")
     logger.logLevel = ProcessInfo.processInfo.environment["DRAGBROKER_DEBUG"] == nil ? .info : .debug
 

@@ -282,11 +282,13 @@ extension Broker {
         load.onAbandoned = nil
         session.finishedBytes += bytes
         session.object?.emitLoadFinished(load, bytes: bytes, error: error)
-        transferLog.submit(.load(LoadRecord(
+        let record = LoadRecord(
             id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
             typeIdentifier: load.typeIdentifier, bytes: Int64(bytes), startedAt: load.startedAt, endedAt: Date(),
             outcome: Self.outcome(of: error), errorName: error?.code.busName,
-            sourceTeam: session.source.team, destinationTeam: load.destination.team)))
+            sourceTeam: session.source.team, destinationTeam: load.destination.team)
+        transferLog.submit(.load(record))
+        AuditJournal.record(record)
         if let error {
             logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(bytes) bytes: \(error)")
         } else {

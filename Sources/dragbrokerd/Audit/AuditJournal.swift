@@ -1,0 +1,49 @@
+import BusKit
+import TransferLog
+
+/// The audit trail in the journal, beside SQLite: one entry per load and per refusal, with
+/// fixed MESSAGE_IDs and DRAGBROKER_* fields, so a fleet can forward it with
+/// systemd-journal-upload and select it with `journalctl MESSAGE_ID=…`.
+enum AuditJournal {
+    /// `journalctl MESSAGE_ID=9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c`: a transfer ended.
+    static let transferMessageID = "9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c"
+    /// `journalctl MESSAGE_ID=4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c`: a request was refused.
+    static let refusalMessageID = "4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c"
+
+    static let enabled = Journal.isConnected
+
+    static func record(_ load: LoadRecord) {
+        guard enabled else { return }
+        Journal.send([
+            ("MESSAGE", "Transfer of \(load.typeIdentifier) from \(load.sourceApp) to \(load.destinationApp): \(load.outcome), \(load.bytes) bytes"),
+            ("MESSAGE_ID", transferMessageID),
+            ("PRIORITY", load.outcome == "completed" ? "6" : "5"),
+            ("SYSLOG_IDENTIFIER", "dragbrokerd"),
+            ("DRAGBROKER_SESSION", load.sessionID),
+            ("DRAGBROKER_SOURCE_APP", load.sourceApp),
+            ("DRAGBROKER_SOURCE_TEAM", load.sourceTeam ?? ""),
+            ("DRAGBROKER_DESTINATION_APP", load.destinationApp),
+            ("DRAGBROKER_DESTINATION_TEAM", load.destinationTeam ?? ""),
+            ("DRAGBROKER_TYPE", load.typeIdentifier),
+            ("DRAGBROKER_BYTES", "\(load.bytes)"),
+            ("DRAGBROKER_OUTCOME", load.outcome),
+            ("DRAGBROKER_ERROR", load.errorName ?? ""),
+        ])
+    }
+
+    static func record(_ refusal: RefusalRecord) {
+        guard enabled else { return }
+        Journal.send([
+            ("MESSAGE", "Refused \(refusal.action) for \(refusal.app): \(refusal.message)"),
+            ("MESSAGE_ID", refusalMessageID),
+            ("PRIORITY", "5"),
+            ("SYSLOG_IDENTIFIER", "dragbrokerd"),
+            ("DRAGBROKER_SESSION", refusal.sessionID ?? ""),
+            ("DRAGBROKER_APP", refusal.app),
+            ("DRAGBROKER_ACTION", refusal.action),
+            ("DRAGBROKER_TYPE", refusal.subject ?? ""),
+            ("DRAGBROKER_ERROR", refusal.errorName),
+            ("DRAGBROKER_RULE", refusal.rule ?? ""),
+        ])
+    }
+}

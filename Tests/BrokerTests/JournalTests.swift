@@ -1,0 +1,95 @@
+import BrokerProtocol
+import BusKit
+import Foundation
+import XCTest
+
+/// Under journald, the daemon logs structured entries and writes its audit trail to the
+/// journal. The test gives the daemon a journal of its own: in a private mount namespace,
+/// a tmpfs on /run holds a receiver bound at /run/systemd/journal/socket, the path
+/// sd_journal_sendv writes to.
+final class JournalTests: XCTestCase {
+    static let receiver = """
+        import os, socket, sys
+        parent = os.getppid()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(sys.argv[1])
+        s.settimeout(0.2)
+        out = open(sys.argv[2], "ab", buffering=0)
+        while os.getppid() == parent:  # the daemon exec'd in its parent's place; leave with it
+            try:
+                out.write(s.recv(1 << 20) + b"\\x1e")
+            except socket.timeout:
+                pass
+        """
+
+    func testTransfersAndRefusalsReachTheJournalWithTheirFields() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-journal-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let entriesFile = directory.appendingPathComponent("entries")
+        let bus = try PrivateBus()
+        let script = """
+            set -e
+            mount -t tmpfs tmpfs /run
+            mkdir -p /run/systemd/journal
+            /usr/bin/python3 -c "$RECEIVER" /run/systemd/journal/socket "$ENTRIES" </dev/null >/dev/null 2>&1 &
+            while [ ! -S /run/systemd/journal/socket ]; do sleep 0.05; done
+            export JOURNAL_STREAM=$(stat -L -c '%d:%i' /proc/$$/fd/2)
+            exec "$@"
+            """
+        let daemon = try Child(
+            executable: URL(fileURLWithPath: "/usr/bin/unshare"),
+            arguments: ["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
+                        productsDirectory.appendingPathComponent("dragbrokerd").path, "--address", bus.address,
+                        "--state-directory", directory.appendingPathComponent("state").path,
+                        "--policy-directory", directory.appendingPathComponent("policy").path],
+            environment: ["PATH": "/usr/bin:/bin", "RECEIVER": Self.receiver, "ENTRIES": entriesFile.path])
+        defer { daemon.terminate() }
+
+        func entries() -> [[String: String]] {
+            let data = (try? Data(contentsOf: entriesFile)) ?? Data()
+            return data.split(separator: 0x1e).map { entry in
+                var fields: [String: String] = [:]
+                for line in entry.split(separator: UInt8(ascii: "\n")) {
+                    let text = String(decoding: line, as: UTF8.self)
+                    if let equals = text.firstIndex(of: "=") { fields[String(text[..<equals])] = String(text[text.index(after: equals)...]) }
+                }
+                return fields
+            }
+        }
+        func waitFor(_ match: ([String: String]) -> Bool) -> [String: String]? {
+            for _ in 0..<200 {
+                if let entry = entries().first(where: match) { return entry }
+                usleep(50_000)
+            }
+            return nil
+        }
+
+        let serving = waitFor { $0["MESSAGE"]?.hasPrefix("Serving org.dragbroker.Broker1") == true }
+        XCTAssertEqual(serving?["PRIORITY"], "6")
+        XCTAssertEqual(serving?["SYSLOG_IDENTIFIER"], "dragbrokerd")
+        XCTAssertEqual(daemon.stderr.text, "", "under journald nothing goes to stderr")
+
+        let source = try Peer(app: "source-app", in: directory, bus: bus)
+        let destination = try Peer(app: "destination-app", in: directory, bus: bus)
+        let (token, _) = try source.begin(EndToEndTests.helloDrag)
+        _ = destination.run("present \(token)")
+        XCTAssertEqual(destination.run("load 0 text/plain"), err(.wrongState, "Loads are allowed only after PerformDrop"))
+        _ = destination.run("enter copy")
+        _ = destination.run("drop")
+        XCTAssertTrue(destination.run("load 0 text/plain").hasPrefix("OK 11 "))
+
+        let transfer = waitFor { $0["MESSAGE_ID"] == "9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c" }
+        XCTAssertEqual(transfer?["DRAGBROKER_SESSION"], "s1")
+        XCTAssertEqual(transfer?["DRAGBROKER_SOURCE_APP"], source.executable.path)
+        XCTAssertEqual(transfer?["DRAGBROKER_DESTINATION_APP"], destination.executable.path)
+        XCTAssertEqual(transfer?["DRAGBROKER_TYPE"], "text/plain")
+        XCTAssertEqual(transfer?["DRAGBROKER_BYTES"], "11")
+        XCTAssertEqual(transfer?["DRAGBROKER_OUTCOME"], "completed")
+        let refusal = waitFor { $0["MESSAGE_ID"] == "4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c" }
+        XCTAssertEqual(refusal?["DRAGBROKER_ACTION"], "Load")
+        XCTAssertEqual(refusal?["DRAGBROKER_TYPE"], "text/plain")
+        XCTAssertEqual(refusal?["DRAGBROKER_ERROR"], BrokerErrorCode.wrongState.busName)
+        XCTAssertEqual(refusal?["DRAGBROKER_APP"], destination.executable.path)
+    }
+}
