@@ -86,6 +86,29 @@ public actor BrokerConnection {
         }
     }
 
+    /// One session in detail, as an operator may see it.
+    public func describeSession(_ id: String) async throws(BrokerError) -> SessionDetails {
+        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "DescribeSession") { m throws(BusError) in
+            try m.append(id)
+        }
+        return try decode { () throws(BusError) in try SessionDetails.decode(from: reply) }
+    }
+
+    /// Ends a session as an administrator; every party hears `Cancelled`.
+    public func cancelSession(_ id: String) async throws(BrokerError) {
+        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "CancelSession") { m throws(BusError) in
+            try m.append(id)
+        }
+    }
+
+    /// Cancels one load of a session as an administrator.
+    public func cancelLoad(session id: String, load: UInt32) async throws(BrokerError) {
+        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "CancelLoad") { m throws(BusError) in
+            try m.append(id)
+            try m.append(load)
+        }
+    }
+
     /// How the broker sees this app: identity comes from the kernel, never from the client.
     public func whoAmI() async throws(BrokerError) -> BrokerIdentity {
         let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "WhoAmI")

@@ -13,6 +13,8 @@ public enum BrokerInterfaces {
             .init("PresentToken", in: [A("token", "s")], out: [A("session", "o")]),
             .init("ListSessions", out: [A("sessions", "a" + SessionSummary.signature)]),
             .init("CancelLoad", in: [A("session", "s"), A("load", "u")]),
+            .init("DescribeSession", in: [A("session", "s")], out: [A("details", SessionDetails.signature)]),
+            .init("CancelSession", in: [A("session", "s")]),
             .init("WhoAmI", out: [A("identity", "a{sv}")]),
             .init("GetPolicy", out: [A("policy", "s")]),
             .init("ReloadPolicy"),

@@ -241,3 +241,94 @@ public struct SessionSummary: Sendable, Equatable, Codable {
         return summary
     }
 }
+
+/// What an operator sees of one session (`dragctl show-session`).
+public struct SessionDetails: Sendable, Equatable, Codable {
+    public struct LoadState: Sendable, Equatable, Codable {
+        public var id: UInt32
+        public var typeIdentifier: String
+        public var destinationApp: String
+        public var bytes: UInt64
+        /// 0 when the source did not announce a size.
+        public var expected: UInt64
+        public init(id: UInt32, typeIdentifier: String, destinationApp: String, bytes: UInt64, expected: UInt64) {
+            self.id = id
+            self.typeIdentifier = typeIdentifier
+            self.destinationApp = destinationApp
+            self.bytes = bytes
+            self.expected = expected
+        }
+    }
+
+    public var id: String
+    public var state: String
+    public var operation: String
+    public var sourceApp: String
+    public var sourceTeam: String
+    public var restricted: Bool
+    /// The app the drag is over, or that performed the drop; empty when none.
+    public var destinationApp: String
+    public var items: [ItemDescriptor]
+    public var loads: [LoadState]
+
+    public init(id: String, state: String, operation: String, sourceApp: String, sourceTeam: String, restricted: Bool,
+                destinationApp: String, items: [ItemDescriptor], loads: [LoadState]) {
+        self.id = id
+        self.state = state
+        self.operation = operation
+        self.sourceApp = sourceApp
+        self.sourceTeam = sourceTeam
+        self.restricted = restricted
+        self.destinationApp = destinationApp
+        self.items = items
+        self.loads = loads
+    }
+
+    public static let signature = "(ssssssba\(ItemDescriptor.signature)a(usstt))"
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("r", String(Self.signature.dropFirst().dropLast()))
+        for text in [id, state, operation, sourceApp, sourceTeam, destinationApp] { try m.append(text) }
+        try m.append(restricted)
+        try m.openContainer("a", ItemDescriptor.signature)
+        for item in items { try item.encode(to: m) }
+        try m.closeContainer()
+        try m.openContainer("a", "(usstt)")
+        for load in loads {
+            try m.openContainer("r", "usstt")
+            try m.append(load.id)
+            try m.append(load.typeIdentifier)
+            try m.append(load.destinationApp)
+            try m.append(load.bytes)
+            try m.append(load.expected)
+            try m.closeContainer()
+        }
+        try m.closeContainer()
+        try m.closeContainer()
+    }
+
+    public static func decode(from m: Message) throws(BusError) -> SessionDetails {
+        _ = try m.enterContainer("r", String(signature.dropFirst().dropLast()))
+        let texts = try (0..<6).map { _ throws(BusError) in try m.readString() }
+        let restricted = try m.readBool()
+        var items: [ItemDescriptor] = []
+        _ = try m.enterContainer("a", ItemDescriptor.signature)
+        do {
+            while let item = try ItemDescriptor.decode(from: m) { items.append(item) }
+        } catch {
+            throw BusError.invalidArguments(error.message)
+        }
+        try m.exitContainer()
+        var loads: [LoadState] = []
+        _ = try m.enterContainer("a", "(usstt)")
+        while try m.enterContainer("r", "usstt") {
+            loads.append(LoadState(id: try m.readUInt32(), typeIdentifier: try m.readString(), destinationApp: try m.readString(),
+                                   bytes: try m.readUInt64(), expected: try m.readUInt64()))
+            try m.exitContainer()
+        }
+        try m.exitContainer()
+        try m.exitContainer()
+        return SessionDetails(id: texts[0], state: texts[1], operation: texts[2], sourceApp: texts[3], sourceTeam: texts[4],
+                              restricted: restricted, destinationApp: texts[5], items: items, loads: loads)
+    }
+}

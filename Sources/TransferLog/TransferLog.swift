@@ -144,10 +144,60 @@ public final class TransferLog: Sendable {
         }
     }
 
+    /// One line of `stats`: a key (app, type or outcome) with its load count and bytes.
+    public struct Total: Sendable, Equatable, Codable {
+        public var key: String
+        public var loads: Int
+        public var bytes: Int64
+    }
+
+    /// Load totals grouped by `column` (sourceApp, destinationApp, typeIdentifier, outcome),
+    /// largest byte count first.
+    public func totals(by column: String) throws -> [Total] {
+        precondition(["sourceApp", "destinationApp", "typeIdentifier", "outcome"].contains(column))
+        return try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS loads, SUM(bytes) AS bytes FROM load GROUP BY \(column) ORDER BY bytes DESC, key")
+                .map { Total(key: $0["key"], loads: $0["loads"], bytes: $0["bytes"]) }
+        }
+    }
+
     /// Newest first.
     public func refusals(limit: Int = 100) throws -> [RefusalRecord] {
         try pool.read { db in
             try RefusalRecord.order(Column("at").desc, Column("id").desc).limit(limit).fetchAll(db)
+        }
+    }
+
+    /// Which loads `dragctl log` shows; nil fields match everything. An app or team matches
+    /// either end of the transfer.
+    public struct LoadFilter: Sendable {
+        public var since: Date?
+        public var until: Date?
+        public var app: String?
+        public var team: String?
+        public var type: String?
+        public var outcome: String?
+        public init(since: Date? = nil, until: Date? = nil, app: String? = nil, team: String? = nil, type: String? = nil, outcome: String? = nil) {
+            self.since = since
+            self.until = until
+            self.app = app
+            self.team = team
+            self.type = type
+            self.outcome = outcome
+        }
+    }
+
+    /// Newest first, filtered.
+    public func loads(limit: Int, filter: LoadFilter) throws -> [LoadRecord] {
+        try pool.read { db in
+            var request = LoadRecord.all()
+            if let since = filter.since { request = request.filter(Column("startedAt") >= MicrosecondTimestamp.microseconds(since)) }
+            if let until = filter.until { request = request.filter(Column("startedAt") <= MicrosecondTimestamp.microseconds(until)) }
+            if let app = filter.app { request = request.filter(Column("sourceApp") == app || Column("destinationApp") == app) }
+            if let team = filter.team { request = request.filter(Column("sourceTeam") == team || Column("destinationTeam") == team) }
+            if let type = filter.type { request = request.filter(Column("typeIdentifier") == type) }
+            if let outcome = filter.outcome { request = request.filter(Column("outcome") == outcome) }
+            return try request.order(Column("startedAt").desc, Column("id").desc).limit(limit).fetchAll(db)
         }
     }
 

@@ -13,7 +13,8 @@ struct Dragctl: AsyncParsableCommand {
         commandName: "dragctl",
         abstract: "Inspect dragbroker's live drag sessions and its transfer log.",
         version: "0.1.0",
-        subcommands: [ListSessions.self, Log.self, WhoAmI.self, PolicyCommand.self])
+        subcommands: [ListSessions.self, ShowSession.self, CancelSession.self, CancelLoad.self, Log.self, Stats.self,
+                      WhoAmI.self, PolicyCommand.self])
 }
 
 enum JSONMode: String, ExpressibleByArgument, CaseIterable {
@@ -74,10 +75,45 @@ func fail(_ message: String) -> ExitCode {
     return ExitCode(1)
 }
 
-func timestamp(_ date: Date) -> String {
+/// Local time and how long ago, as systemd's tools show times: "2026-11-21 09:12:03 (2min ago)".
+func timestamp(_ date: Date, now: Date = Date()) -> String {
     let formatter = DateFormatter()
     formatter.dateFormat = "yyyy-MM-dd HH:mm:ss"
-    return formatter.string(from: date)
+    return "\(formatter.string(from: date)) (\(relative(now.timeIntervalSince(date))))"
+}
+
+func relative(_ seconds: TimeInterval) -> String {
+    let s = Int(seconds.rounded(.down))
+    switch s {
+    case ..<1: return "just now"
+    case ..<60: return "\(s)s ago"
+    case ..<3600: return "\(s / 60)min ago"
+    case ..<86_400: return "\(s / 3600)h \(s % 3600 / 60)min ago"
+    default: return "\(s / 86_400) days ago"
+    }
+}
+
+func bytes(_ count: UInt64) -> String {
+    let units: [(UInt64, String)] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")]
+    guard let (size, unit) = units.first(where: { count >= $0.0 }) else { return "\(count)B" }
+    return String(format: "%.1f%@", Double(count) / Double(size), unit)
+}
+
+/// Parses `--since`/`--until`: "2026-11-21 09:00:00", "2026-11-21", or "-2h"/"-30min"/"-3d".
+func parseTime(_ text: String) -> Date? {
+    if text.hasPrefix("-") {
+        let body = text.dropFirst()
+        for (suffix, unit) in [("min", 60.0), ("h", 3600.0), ("d", 86_400.0), ("s", 1.0)] where body.hasSuffix(suffix) {
+            if let n = Double(body.dropLast(suffix.count)) { return Date().addingTimeInterval(-n * unit) }
+        }
+        return nil
+    }
+    let formatter = DateFormatter()
+    for format in ["yyyy-MM-dd HH:mm:ss", "yyyy-MM-dd HH:mm", "yyyy-MM-dd"] {
+        formatter.dateFormat = format
+        if let date = formatter.date(from: text) { return date }
+    }
+    return nil
 }
 
 struct ListSessions: AsyncParsableCommand {
@@ -114,6 +150,24 @@ struct Log: AsyncParsableCommand {
     @Option(help: "Show at most this many records of each kind.")
     var limit: Int = 50
 
+    @Option(help: "Only loads that started at or after this time (\"2026-11-21 09:00\", \"-2h\").")
+    var since: String?
+
+    @Option(help: "Only loads that started at or before this time.")
+    var until: String?
+
+    @Option(help: "Only loads from or to this app ID.")
+    var app: String?
+
+    @Option(help: "Only loads from or to this team.")
+    var team: String?
+
+    @Option(help: "Only loads of this type.")
+    var type: String?
+
+    @Option(help: "Only loads with this outcome: completed, cancelled, timed-out, denied, disconnected, failed.")
+    var outcome: String?
+
     @OptionGroup var output: OutputOptions
 
     struct Report: Encodable {
@@ -121,12 +175,24 @@ struct Log: AsyncParsableCommand {
         var loads: [LoadRecord]
     }
 
+    func validate() throws {
+        if let since, parseTime(since) == nil { throw ValidationError("--since: '\(since)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+        if let until, parseTime(until) == nil { throw ValidationError("--until: '\(until)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+        guard limit > 0 else { throw ValidationError("--limit must be positive") }
+    }
+
     func run() async throws {
         let path = stateDirectory.map { $0 + "/transfers.sqlite" } ?? TransferLog.defaultPath()
         let report: Report
+        let filter = TransferLog.LoadFilter(since: since.flatMap(parseTime), until: until.flatMap(parseTime), app: app, team: team,
+                                            type: type, outcome: outcome)
+        let filtered = since != nil || until != nil || app != nil || team != nil || type != nil || outcome != nil
         do {
             let log = try TransferLog.openReadOnly(path: path)
-            report = Report(sessions: try log.sessions(limit: limit), loads: try log.loads(limit: limit))
+            let loads = try log.loads(limit: limit, filter: filter)
+            let ids = Set(loads.map(\.sessionID))
+            let sessions = try log.sessions(limit: limit).filter { !filtered || ids.contains($0.sessionID) }
+            report = Report(sessions: sessions, loads: loads)
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
         }
@@ -221,6 +287,119 @@ struct PolicyCommand: AsyncParsableCommand {
             } catch {
                 throw fail("Failed to reload the policy: \(error)")
             }
+        }
+    }
+}
+
+struct ShowSession: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "show-session", abstract: "Show one live session: items, types and visibility, state, source, destination, loads.")
+
+    @Argument(help: "The session ID, as list-sessions shows it.")
+    var id: String
+
+    @OptionGroup var bus: BusOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        let details: SessionDetails
+        do {
+            details = try await BrokerConnection.connect(address: bus.address).describeSession(id)
+        } catch {
+            throw fail("Failed to show session \(id): \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(details) }
+        print("Session \(details.id)")
+        print("      State: \(details.state)\(details.operation == "cancel" ? "" : " (\(details.operation))")")
+        print("     Source: \(details.sourceApp)\(details.sourceTeam.isEmpty ? "" : " (team \(details.sourceTeam))")")
+        print("Destination: \(details.destinationApp.isEmpty ? "-" : details.destinationApp)")
+        print(" Restricted: \(details.restricted ? "yes" : "no")")
+        print("      Items:")
+        for (index, item) in details.items.enumerated() {
+            let size = item.preferredWidth > 0 ? " \(Int(item.preferredWidth))x\(Int(item.preferredHeight))" : ""
+            print("             \(index): \(item.suggestedName.isEmpty ? "(unnamed)" : item.suggestedName)\(size)")
+            for representation in item.representations {
+                print("                \(representation.typeIdentifier) (\(representation.kind.rawValue), visible to \(representation.visibility.rawValue))")
+            }
+        }
+        if details.loads.isEmpty { return }
+        print("      Loads:")
+        for load in details.loads {
+            let total = load.expected > 0 ? " of \(bytes(load.expected)) (\(load.bytes * 100 / load.expected)%)" : ""
+            print("             \(load.id): \(load.typeIdentifier) to \(load.destinationApp), \(bytes(load.bytes))\(total)")
+        }
+    }
+}
+
+struct CancelSession: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "cancel-session", abstract: "End a live session; every party is told an administrator cancelled it.")
+
+    @Argument(help: "The session ID.")
+    var id: String
+
+    @OptionGroup var bus: BusOptions
+
+    func run() async throws {
+        do {
+            try await BrokerConnection.connect(address: bus.address).cancelSession(id)
+        } catch {
+            throw fail("Failed to cancel session \(id): \(error)")
+        }
+    }
+}
+
+struct CancelLoad: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "cancel-load", abstract: "Cancel one load of a live session.")
+
+    @Argument(help: "The session ID.")
+    var session: String
+
+    @Argument(help: "The load ID, as show-session lists it.")
+    var load: UInt32
+
+    @OptionGroup var bus: BusOptions
+
+    func run() async throws {
+        do {
+            try await BrokerConnection.connect(address: bus.address).cancelLoad(session: session, load: load)
+        } catch {
+            throw fail("Failed to cancel load \(load) of session \(session): \(error)")
+        }
+    }
+}
+
+struct Stats: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Totals of the transfer log by app, type and outcome.")
+
+    @Option(help: "The state directory holding transfers.sqlite.")
+    var stateDirectory: String?
+
+    @OptionGroup var output: OutputOptions
+
+    struct Report: Encodable {
+        var bySourceApp: [TransferLog.Total]
+        var byDestinationApp: [TransferLog.Total]
+        var byType: [TransferLog.Total]
+        var byOutcome: [TransferLog.Total]
+    }
+
+    func run() async throws {
+        let path = stateDirectory.map { $0 + "/transfers.sqlite" } ?? TransferLog.defaultPath()
+        let report: Report
+        do {
+            let log = try TransferLog.openReadOnly(path: path)
+            report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
+                            byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"))
+        } catch {
+            throw fail("Failed to read the transfer log: \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(report) }
+        for (title, totals) in [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
+                                ("TYPE", report.byType), ("OUTCOME", report.byOutcome)] {
+            output.printTable([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
+                              legend: "\(plural(totals.count, "entry")) listed.".replacingOccurrences(of: "entrys", with: "entries"))
+            print()
         }
     }
 }

@@ -19,6 +19,8 @@ final class ManagerObject {
                     "ListSessions": serve(broker, "ListSessions") { [unowned self] in try listSessions($0) },
                     "WhoAmI": serve(broker, "WhoAmI") { [unowned self] in try whoAmI($0) },
                     "CancelLoad": serve(broker, "CancelLoad") { [unowned self] in try cancelLoad($0) },
+                    "DescribeSession": serve(broker, "DescribeSession") { [unowned self] in try describeSession($0) },
+                    "CancelSession": serve(broker, "CancelSession") { [unowned self] in try cancelSession($0) },
                     "GetPolicy": serve(broker, "GetPolicy") { [unowned self] in try getPolicy($0) },
                     "ReloadPolicy": serve(broker, "ReloadPolicy") { [unowned self] in try reloadPolicy($0) },
                 ],
@@ -59,11 +61,7 @@ final class ManagerObject {
     private func listSessions(_ call: MethodCall) throws(BrokerError) {
         let caller = try broker.identity(of: call)
         let sessions = broker.sessions.values
-            .filter { session in
-                if caller.isSameApp(as: session.source) { return true }
-                guard session.isVisible(to: caller), !caller.isSandboxed else { return false }
-                return caller.uid == session.source.uid || caller.uid == 0
-            }
+            .filter { Self.mayInspect($0, caller) }
             .sorted { $0.createdAt < $1.createdAt }
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", SessionSummary.signature)
@@ -76,6 +74,42 @@ final class ManagerObject {
             }
             try r.closeContainer()
         }
+    }
+
+    /// Restricted sessions are known to their own app only. Others to their own app, to
+    /// unsandboxed callers of the source's user, and to root; a sandbox sees only its own.
+    static func mayInspect(_ session: Session, _ caller: AppIdentity) -> Bool {
+        if caller.isSameApp(as: session.source) { return true }
+        guard session.isVisible(to: caller), !caller.isSandboxed else { return false }
+        return caller.uid == session.source.uid || caller.uid == 0
+    }
+
+    private func inspectable(_ call: MethodCall) throws(BrokerError) -> (Session, AppIdentity) {
+        let id = try argument("session") { () throws(BusError) in try call.message.readString() }
+        let caller = try broker.identity(of: call)
+        guard let session = broker.sessions[id], Self.mayInspect(session, caller) else { throw .notFound("No live session \(id)") }
+        return (session, caller)
+    }
+
+    private func describeSession(_ call: MethodCall) throws(BrokerError) {
+        let (session, _) = try inspectable(call)
+        let destination = (session.dropDestination ?? session.current).flatMap { session.destinations[$0]?.identity.appID } ?? ""
+        let details = SessionDetails(
+            id: session.id, state: session.state.rawValue, operation: session.operation.rawValue,
+            sourceApp: session.source.appID, sourceTeam: session.source.team ?? "", restricted: session.options.restrictedToApp,
+            destinationApp: destination, items: session.items,
+            loads: session.loads.values.sorted { $0.id < $1.id }.map {
+                SessionDetails.LoadState(id: $0.id, typeIdentifier: $0.typeIdentifier, destinationApp: $0.destination.appID,
+                                         bytes: $0.bytes, expected: $0.expected ?? 0)
+            })
+        try reply(call) { r throws(BusError) in try details.encode(to: r) }
+    }
+
+    private func cancelSession(_ call: MethodCall) throws(BrokerError) {
+        let (session, caller) = try inspectable(call)
+        try requireAdministrator(caller, to: "cancel another app's session")
+        broker.end(session, outcome: "cancelled", error: BrokerError(.cancelled, "An administrator cancelled the session"))
+        try reply(call)
     }
 
     private func whoAmI(_ call: MethodCall) throws(BrokerError) {

@@ -1,0 +1,102 @@
+import BrokerProtocol
+import Foundation
+import XCTest
+
+/// dragctl against a live daemon: its tables, its JSON, its exit codes.
+final class DragctlTests: XCTestCase {
+    func dragctl(_ world: World, _ arguments: [String]) throws -> (status: Int32, out: [String], err: [String]) {
+        let child = try Child(executable: productsDirectory.appendingPathComponent("dragctl"), arguments: arguments,
+                              environment: ["DRAGBROKER_BUS_ADDRESS": world.bus.address, "TZ": "UTC"])
+        child.process.waitUntilExit()
+        usleep(20_000)  // let the readers take the last lines
+        return (child.process.terminationStatus, child.stdout.all { _ in true }, child.stderr.all { _ in true })
+    }
+
+    func testSessionsShowAndCancel() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(#"{"items":[{"name":"photo.png","width":640,"height":480,"reps":[{"type":"image/png","visibility":"team","size":100},{"type":"text/plain","text":"caption"}]}]}"#)
+        _ = destination.run("present \(token)")
+        _ = destination.run("enter copy")
+
+        let list = try dragctl(world, ["list-sessions"])
+        XCTAssertEqual(list.status, 0)
+        XCTAssertEqual(list.out.count, 4)
+        XCTAssertTrue(list.out[0].hasPrefix("SESSION STATE  ITEMS SOURCE"), list.out[0])
+        XCTAssertTrue(list.out[1].hasPrefix("s1      active 1     \(source.executable.path) "), list.out[1])
+        XCTAssertTrue(list.out[1].hasSuffix("ago)") || list.out[1].hasSuffix("(just now)"), list.out[1])
+        XCTAssertEqual(list.out[2...], ["", "1 session listed."])
+        XCTAssertEqual(try dragctl(world, ["list-sessions", "--no-legend"]).out.count, 1)
+
+        let json = try dragctl(world, ["list-sessions", "--json=short"])
+        let sessions = try JSONDecoder().decode([SessionSummary].self, from: Data(json.out.joined().utf8))
+        XCTAssertEqual(sessions.map(\.id), ["s1"])
+        XCTAssertEqual(sessions[0].path, "/org/dragbroker/Broker1/session/s1")
+        XCTAssertEqual(sessions[0].sourceApp, source.executable.path)
+
+        let show = try dragctl(world, ["show-session", "s1"])
+        XCTAssertEqual(show.out, [
+            "Session s1",
+            "      State: active",
+            "     Source: \(source.executable.path)",
+            "Destination: \(destination.executable.path)",
+            " Restricted: no",
+            "      Items:",
+            "             0: photo.png 640x480",
+            "                image/png (data, visible to team)",
+            "                text/plain (data, visible to all)",
+        ])
+        let missing = try dragctl(world, ["show-session", "s9"])
+        XCTAssertEqual(missing.status, 1)
+        XCTAssertEqual(missing.err, ["dragctl: Failed to show session s9: \(BrokerErrorCode.notFound.busName): No live session s9"])
+
+        XCTAssertEqual(try dragctl(world, ["cancel-session", "s1"]).status, 0)
+        XCTAssertTrue(source.waitFor("EVENT ended cancel \(BrokerErrorCode.cancelled.busName)"))
+        XCTAssertTrue(destination.waitFor("EVENT ended cancel \(BrokerErrorCode.cancelled.busName)"))
+        XCTAssertEqual(try dragctl(world, ["list-sessions"]).out, ["0 sessions listed."])
+    }
+
+    func testLogFiltersAndStats() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(#"{"items":[{"reps":[{"type":"image/png","size":1000},{"type":"text/plain","text":"hi"}]}]}"#)
+        _ = destination.run("present \(token)")
+        _ = destination.run("enter copy")
+        _ = destination.run("drop")
+        _ = destination.run("loadcheck 0 image/png")
+        _ = destination.run("load 0 text/plain")
+        _ = destination.run("load 0 text/plain")
+        _ = destination.run("conclude")
+        _ = try world.daemon.waitForLog { log -> Bool? in try log.sessions().count == 1 && log.loads().count == 3 ? true : nil }
+        let state = ["--state-directory", world.daemon.stateDirectory.path]
+
+        let pngOnly = try dragctl(world, ["log", "--type", "image/png", "--json=short"] + state)
+        struct Report: Decodable { var loads: [Load]; var sessions: [Session] }
+        struct Load: Decodable { var typeIdentifier: String; var bytes: Int64; var outcome: String }
+        struct Session: Decodable { var sessionID: String; var outcome: String }
+        let report = try JSONDecoder().decode(Report.self, from: Data(pngOnly.out.joined().utf8))
+        XCTAssertEqual(report.loads.map(\.typeIdentifier), ["image/png"])
+        XCTAssertEqual(report.loads.map(\.bytes), [1000])
+        XCTAssertEqual(report.sessions.map(\.sessionID), ["s1"])
+        let none = try dragctl(world, ["log", "--outcome", "cancelled"] + state)
+        XCTAssertEqual(none.out, ["0 sessions listed.", "", "0 loads listed."])
+        let byApp = try dragctl(world, ["log", "--app", destination.executable.path, "--since=-1h", "--json=short"] + state)
+        XCTAssertEqual(try JSONDecoder().decode(Report.self, from: Data(byApp.out.joined().utf8)).loads.count, 3)
+        let badTime = try dragctl(world, ["log", "--since", "yesterday-ish"] + state)
+        XCTAssertEqual(badTime.status, 64)
+        XCTAssertTrue(badTime.err.joined().contains("--since: 'yesterday-ish' is not a time"), badTime.err.joined())
+
+        let stats = try dragctl(world, ["stats"] + state)
+        XCTAssertEqual(Array(stats.out[0...3]), [
+            "SOURCE APP\(String(repeating: " ", count: max(source.executable.path.count - 9, 1)))LOADS BYTES",
+            "\(source.executable.path) 3     1004B",
+            "",
+            "1 entry listed.",
+        ])
+        let statsJSON = try dragctl(world, ["stats", "--json=short"] + state)
+        XCTAssertTrue(statsJSON.out.joined().contains(#""byType":[{"bytes":1000,"key":"image\/png","loads":1},{"bytes":4,"key":"text\/plain","loads":2}]"#),
+                      statsJSON.out.joined())
+    }
+}
