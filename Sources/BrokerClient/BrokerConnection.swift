@@ -16,6 +16,7 @@ public actor BrokerConnection {
     private var providers: [String: ProviderExport] = [:]
     private var routes: [String: SessionRoute] = [:]
     private var nextProvider = 1
+    private var monitorSlot: Slot?
     /// Load handlers running for each session path, by load ID, so a cancel can stop them.
     private var running: [String: [UInt32: Task<Void, Never>]] = [:]
 
@@ -84,6 +85,23 @@ public actor BrokerConnection {
             try reply.exitContainer()
             return sessions
         }
+    }
+
+    /// Live events of every session this caller may inspect (`dragctl monitor`).
+    public func monitor() async throws(BrokerError) -> AsyncStream<MonitorEvent> {
+        let (stream, continuation) = AsyncStream.makeStream(of: MonitorEvent.self)
+        do {
+            monitorSlot = try bus.matchSignal(sender: brokerName, path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
+                                              member: "MonitorEvent") { m in
+                guard let session = try? m.readString(), let event = try? m.readString(), let detail = try? m.readString(),
+                      let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
+                continuation.yield(MonitorEvent(session: session, event: event, detail: detail, bytes: bytes, expected: expected))
+            }
+        } catch {
+            throw BrokerError(.failed, "Failed to subscribe to monitor events: \(error.message)")
+        }
+        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "Monitor")
+        return stream
     }
 
     /// One session in detail, as an operator may see it.

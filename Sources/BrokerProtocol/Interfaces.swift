@@ -15,6 +15,7 @@ public enum BrokerInterfaces {
             .init("CancelLoad", in: [A("session", "s"), A("load", "u")]),
             .init("DescribeSession", in: [A("session", "s")], out: [A("details", SessionDetails.signature)]),
             .init("CancelSession", in: [A("session", "s")]),
+            .init("Monitor"),
             .init("WhoAmI", out: [A("identity", "a{sv}")]),
             .init("GetPolicy", out: [A("policy", "s")]),
             .init("ReloadPolicy"),
@@ -22,6 +23,9 @@ public enum BrokerInterfaces {
         properties: [
             .init("Version", "s", .constant),
             .init("SessionCount", "u", .emitsChange),
+        ],
+        signals: [
+            .init("MonitorEvent", [A("session", "s"), A("event", "s"), A("detail", "s"), A("bytes", "t"), A("expected", "t")]),
         ])
 
     public static let session = InterfaceDescription(

@@ -332,3 +332,21 @@ public struct SessionDetails: Sendable, Equatable, Codable {
                               restricted: restricted, destinationApp: texts[5], items: items, loads: loads)
     }
 }
+
+/// One live event, as `dragctl monitor` shows it: begin, enter, update, exit, drop, load,
+/// progress, loaded, end.
+public struct MonitorEvent: Sendable, Equatable, Codable {
+    public var session: String
+    public var event: String
+    public var detail: String
+    public var bytes: UInt64
+    public var expected: UInt64
+
+    public init(session: String, event: String, detail: String, bytes: UInt64, expected: UInt64) {
+        self.session = session
+        self.event = event
+        self.detail = detail
+        self.bytes = bytes
+        self.expected = expected
+    }
+}

@@ -23,6 +23,7 @@ final class Broker {
     private var objectManager: Slot?
     private var peerWatch: Slot?
     private var retiredSessions: Slot?
+    private(set) lazy var monitors = Monitors(broker: self)
     /// With `--exit-idle-time`, how long to stay up with no session, in microseconds.
     var idleExit: UInt64?
     private var idleTimer: LoopTimer?
@@ -183,6 +184,7 @@ final class Broker {
         try? bus.emitObjectAdded(path: session.path)
         sessionsChanged()
         logger.info("Session \(id) begun by \(source.appID) (pid \(source.pid)) with \(items.count) item(s)")
+        monitors.emit(session, "begin", "\(source.appID), \(items.count) item\(items.count == 1 ? "" : "s")")
         return session
     }
 
@@ -284,6 +286,7 @@ final class Broker {
         destination.allowed = session.allowedOperation(for: proposal, by: caller)
         session.destinations[caller.uniqueName] = destination
         session.current = caller.uniqueName
+        monitors.emit(session, entering ? "enter" : "update", "\(caller.appID) proposes \(proposal.rawValue), allowed \(destination.allowed.rawValue)")
         return destination.allowed
     }
 
@@ -292,6 +295,7 @@ final class Broker {
             throw .accessDenied("Present the session token with PresentToken before using session \(session.id)")
         }
         if session.current == caller.uniqueName { session.current = nil }
+        monitors.emit(session, "exit", caller.appID)
     }
 
     func performDrop(by caller: AppIdentity, in session: Session) throws(BrokerError) -> DropOperation {
@@ -313,6 +317,7 @@ final class Broker {
         session.object?.stateChanged()
         session.object?.emitWillEnd()
         logger.info("Session \(session.id) dropped on \(caller.appID) with \(destination.allowed.rawValue)")
+        monitors.emit(session, "drop", "\(caller.appID), \(destination.allowed.rawValue)")
         return destination.allowed
     }
 
@@ -365,12 +370,14 @@ final class Broker {
             sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,
             itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome,
             errorName: error?.code.busName, startedAt: session.createdAt, endedAt: Date())))
+        monitors.emit(session, "end", outcome + (error.map { " (\($0.code.busName))" } ?? ""))
         logger.info("Session \(session.id) ended: \(outcome)\(error.map { " (\($0))" } ?? "")")
     }
 
     /// A peer's connection went away: tear down what depends on it and tell the others.
     private func peerVanished(_ uniqueName: String) {
         identities.forget(uniqueName)
+        monitors.remove(uniqueName)
         for session in Array(sessions.values) {
             if session.source.uniqueName == uniqueName {
                 end(session, outcome: "source-disconnected",

@@ -13,7 +13,7 @@ struct Dragctl: AsyncParsableCommand {
         commandName: "dragctl",
         abstract: "Inspect dragbroker's live drag sessions and its transfer log.",
         version: "0.1.0",
-        subcommands: [ListSessions.self, ShowSession.self, CancelSession.self, CancelLoad.self, Log.self, Stats.self,
+        subcommands: [ListSessions.self, ShowSession.self, Monitor.self, CancelSession.self, CancelLoad.self, Log.self, Stats.self,
                       WhoAmI.self, PolicyCommand.self])
 }
 
@@ -401,5 +401,58 @@ struct Stats: AsyncParsableCommand {
                               legend: "\(plural(totals.count, "entry")) listed.".replacingOccurrences(of: "entrys", with: "entries"))
             print()
         }
+    }
+}
+
+struct Monitor: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Follow live drag events (begin, enter, update, drop, loads with progress, end) until Ctrl-C.")
+
+    @OptionGroup var bus: BusOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        let events: AsyncStream<MonitorEvent>
+        let connection: BrokerConnection
+        do {
+            connection = try await BrokerConnection.connect(address: bus.address)
+            events = try await connection.monitor()
+        } catch {
+            throw fail("Failed to monitor: \(error)")
+        }
+        let terminal = isatty(STDOUT_FILENO) == 1
+        FileHandle.standardError.write(Data("Monitoring drag sessions; press Ctrl-C to stop.\n".utf8))
+        var progressShown = false
+        for await event in events {
+            if output.mode != .off {
+                try output.printJSON(event)
+                continue
+            }
+            let formatter = DateFormatter()
+            formatter.dateFormat = "HH:mm:ss"
+            let time = formatter.string(from: Date())
+            if event.event == "progress" {
+                let line = "\(time) \(event.session) progress \(event.detail) \(Self.bar(event.bytes, event.expected))"
+                // On a terminal the bar redraws in place; in a pipe each report is a line.
+                if terminal { print("\r\u{1B}[K" + line, terminator: "") } else { print(line) }
+                progressShown = terminal
+                fflush(nil)
+                continue
+            }
+            if progressShown { print() }
+            progressShown = false
+            let amount = event.event == "loaded" ? " \(bytes(event.bytes))" : ""
+            print("\(time) \(event.session) \(event.event) \(event.detail)\(amount)")
+            fflush(nil)
+        }
+        withExtendedLifetime(connection) {}
+    }
+
+    static func bar(_ done: UInt64, _ total: UInt64) -> String {
+        guard total > 0 else { return "\(bytes(done))" }
+        let fraction = min(Double(done) / Double(total), 1)
+        let filled = Int(fraction * 20)
+        return "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: 20 - filled) + "] "
+            + "\(Int(fraction * 100))% \(bytes(done)) of \(bytes(total))"
     }
 }

@@ -100,3 +100,43 @@ final class DragctlTests: XCTestCase {
                       statsJSON.out.joined())
     }
 }
+
+/// `dragctl monitor` in a pseudo-terminal during a real drag: the events, and a progress
+/// bar redrawn in place.
+final class MonitorTests: XCTestCase {
+    func testMonitorShowsTheEventsAndProgressOfARealDrag() throws {
+        let world = try World()
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("python/pty_capture.py")
+        let monitor = try Child(executable: URL(fileURLWithPath: "/usr/bin/python3"),
+                                arguments: [script.path, "30", " end ", productsDirectory.appendingPathComponent("dragctl").path,
+                                            "monitor", "--address", world.bus.address],
+                                environment: ["PATH": "/usr/bin:/bin", "TERM": "xterm"])
+        usleep(500_000)  // let it subscribe
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(#"{"items":[{"name":"movie","reps":[{"type":"video/mp4","size":4194304,"chunk":131072,"pauseMs":10,"announce":true}]}]}"#)
+        _ = destination.run("present \(token)")
+        _ = destination.run("enter copy")
+        _ = destination.run("update copy")
+        _ = destination.run("drop")
+        XCTAssertEqual(destination.run("loadcheck 0 video/mp4"), "OK 4194304 pattern")
+        _ = destination.run("conclude")
+        monitor.process.waitUntilExit()
+        usleep(50_000)
+        let screen = monitor.stdout.text
+        for expected in [
+            " s1 begin \(source.executable.path), 1 item",
+            " s1 enter \(destination.executable.path) proposes copy, allowed copy",
+            " s1 update \(destination.executable.path) proposes copy, allowed copy",
+            " s1 drop \(destination.executable.path), copy",
+            " s1 load 1 video/mp4 (data) to \(destination.executable.path)",
+            " s1 loaded 1 video/mp4 completed 4.0M",
+            " s1 end completed",
+        ] {
+            XCTAssertTrue(screen.contains(expected), "missing '\(expected)' in:\n\(screen)")
+        }
+        XCTAssertTrue(screen.contains("\r\u{1B}[K"), "progress redraws in place on a terminal")
+        XCTAssertTrue(screen.contains("] ") && screen.contains("% ") && screen.contains(" of 4.0M"), screen)
+    }
+}

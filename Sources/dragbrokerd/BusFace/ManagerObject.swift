@@ -21,6 +21,7 @@ final class ManagerObject {
                     "CancelLoad": serve(broker, "CancelLoad") { [unowned self] in try cancelLoad($0) },
                     "DescribeSession": serve(broker, "DescribeSession") { [unowned self] in try describeSession($0) },
                     "CancelSession": serve(broker, "CancelSession") { [unowned self] in try cancelSession($0) },
+                    "Monitor": serve(broker, "Monitor") { [unowned self] in try monitor($0) },
                     "GetPolicy": serve(broker, "GetPolicy") { [unowned self] in try getPolicy($0) },
                     "ReloadPolicy": serve(broker, "ReloadPolicy") { [unowned self] in try reloadPolicy($0) },
                 ],
@@ -109,6 +110,14 @@ final class ManagerObject {
         let (session, caller) = try inspectable(call)
         try requireAdministrator(caller, to: "cancel another app's session")
         broker.end(session, outcome: "cancelled", error: BrokerError(.cancelled, "An administrator cancelled the session"))
+        try reply(call)
+    }
+
+    /// Subscribes the caller to `MonitorEvent` for every session it may inspect, until it
+    /// disconnects.
+    private func monitor(_ call: MethodCall) throws(BrokerError) {
+        let caller = try broker.identity(of: call)
+        try broker.monitors.add(caller)
         try reply(call)
     }
 

@@ -75,6 +75,7 @@ extension Broker {
             session.loads[load.id] = load
         }
         armDeadline(load, in: session, after: limits.firstByteTimeout)
+        monitors.emit(session, "load", "\(load.id) \(canonical) (\(representation.kind.rawValue)) to \(caller.appID)")
     }
 
     private func startDataLoad(_ load: Load, in session: Session, sizeRule: (limit: UInt64, rule: FlowRule)?) throws(BrokerError) -> Int32 {
@@ -222,6 +223,7 @@ extension Broker {
         if now - load.lastReportAt >= 50_000 {
             load.lastReportAt = now
             session.object?.emitLoadProgress(load)
+            monitors.emit(session, "progress", "\(load.id) \(load.typeIdentifier)", bytes: load.bytes, expected: load.expected ?? 0)
         }
     }
 
@@ -289,6 +291,7 @@ extension Broker {
             sourceTeam: session.source.team, destinationTeam: load.destination.team)
         transferLog.submit(.load(record))
         AuditJournal.record(record)
+        monitors.emit(session, "loaded", "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: bytes, expected: load.expected ?? bytes)
         if let error {
             logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(bytes) bytes: \(error)")
         } else {

@@ -1,0 +1,43 @@
+import BrokerProtocol
+import BusKit
+
+/// Operators watching live events (`dragctl monitor`). Events are unicast to each monitor
+/// that may inspect the session, never broadcast: a restricted session stays invisible.
+final class Monitors {
+    static let limit = 16
+    private unowned let broker: Broker
+    private var watchers: [String: AppIdentity] = [:]
+
+    init(broker: Broker) { self.broker = broker }
+
+    func add(_ caller: AppIdentity) throws(BrokerError) {
+        guard watchers[caller.uniqueName] != nil || watchers.count < Self.limit else {
+            throw .limitExceeded("\(Self.limit) monitors are already watching")
+        }
+        guard !caller.isSandboxed else { throw .accessDenied("A sandboxed app may not monitor other apps' drags") }
+        watchers[caller.uniqueName] = caller
+    }
+
+    func remove(_ uniqueName: String) {
+        watchers.removeValue(forKey: uniqueName)
+    }
+
+    /// `MonitorEvent(session, event, detail, bytes, expected)`.
+    func emit(_ session: Session, _ event: String, _ detail: String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
+        guard !watchers.isEmpty else { return }
+        for (name, watcher) in watchers where ManagerObject.mayInspect(session, watcher) {
+            do {
+                try broker.bus.emitSignal(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
+                                          member: "MonitorEvent", destination: name) { m throws(BusError) in
+                    try m.append(session.id)
+                    try m.append(event)
+                    try m.append(detail)
+                    try m.append(bytes)
+                    try m.append(expected)
+                }
+            } catch {
+                broker.logger.warning("Failed to send a monitor event to \(name): \(error), ignoring")
+            }
+        }
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/python3
+"""Runs a command in a pseudo-terminal, as a person would see it, and prints everything it
+wrote until `marker` appears or `seconds` pass; then interrupts it (Ctrl-C)."""
+import os, pty, select, signal, sys, time
+
+seconds, marker, command = float(sys.argv[1]), sys.argv[2].encode(), sys.argv[3:]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(command[0], command)
+captured = b""
+deadline = time.time() + seconds
+while time.time() < deadline and marker not in captured:
+    ready, _, _ = select.select([fd], [], [], 0.1)
+    if ready:
+        try:
+            captured += os.read(fd, 65536)
+        except OSError:
+            break
+os.kill(pid, signal.SIGINT)
+os.waitpid(pid, 0)
+sys.stdout.write(captured.decode(errors="replace"))
