@@ -213,7 +213,7 @@ public actor BrokerConnection {
                 case .data(let handler):
                     let data = try await handler()
                     // Worth a message only when the destination will watch the bytes arrive.
-                    if data.count >= 4 << 20 {
+                    if data.count >= 64 << 10 {
                         Task { await announce(sessionPath, load, UInt64(data.count)) }
                     }
                     try await DescriptorIO.write(data, consuming: fd)

@@ -183,6 +183,8 @@ public final class DropSession: Sendable {
         guard outcome.bytes == received else {
             throw BrokerError(.failed, "The broker reported \(outcome.bytes) bytes but \(received) arrived")
         }
+        // Progress always ends at 100 %, however fast the load was.
+        progress?(received, received)
         return received
     }
 

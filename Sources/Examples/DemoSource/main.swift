@@ -6,10 +6,12 @@ import Foundation
 
 let caption = "Sunset over the harbour"
 
-let picture = ItemProvider(suggestedName: "sunset.png", preferredPresentationSize: (64, 48))
-picture.registerDataRepresentation(forTypeIdentifier: "image/png", visibility: .all) {
+let picture = ItemProvider(suggestedName: "sunset.png", preferredPresentationSize: (640, 480))
+// Team visibility: only apps of our own team (the administrator's registry says which)
+// may even see that a PNG is on offer.
+picture.registerDataRepresentation(forTypeIdentifier: "public.png", visibility: .team) {
     print("source: rendering the PNG now, because the destination asked for it")
-    return PNG.gradient(width: 64, height: 48)
+    return PNG.gradient(width: 640, height: 480)
 }
 picture.registerDataRepresentation(forTypeIdentifier: "text/plain;charset=utf-8", visibility: .all) {
     print("source: providing the caption")
@@ -26,7 +28,9 @@ do {
     for await event in session.events {
         switch event {
         case .loadRequested(_, let item, let type): print("source: destination requested item \(item) as \(type)")
-        case .loadProgress, .loadFinished: break
+        case .loadProgress: break
+        case .loadFinished(let load, let bytes, nil): print("source: load \(load) delivered \(bytes) bytes")
+        case .loadFinished(let load, _, let error?): print("source: load \(load) failed: \(error)")
         case .willEnd(let operation): print("source: the drop was performed: \(operation.rawValue)")
         case .ended(let operation, nil): print("source: the session ended with \(operation.rawValue)")
         case .ended(let operation, let error?): print("source: the session ended with \(operation.rawValue): \(error)")

@@ -18,18 +18,23 @@ do {
     for (index, item) in items.enumerated() {
         print("target:   item \(index): \"\(item.suggestedName)\" \(Int(item.preferredWidth))x\(Int(item.preferredHeight)), types visible to me: \(item.typeIdentifiers.joined(separator: ", "))")
     }
-    // canHandle: we take images only, so we look at types before asking for any data.
-    guard let (index, type) = items.enumerated().lazy
-        .compactMap({ i, item in item.typeIdentifiers.first { $0.hasPrefix("image/") }.map { (i, $0) } }).first else {
+    // canHandle: we take images only, and ask the broker before any data moves.
+    let images = try await drop.items(conformingTo: "public.image")
+    guard let index = images.first, let type = items[index].typeIdentifiers.first(where: { $0.hasPrefix("image/") }) else {
         _ = try await drop.enter(proposing: .forbidden)
-        print("target: nothing here is an image: the drop is forbidden")
+        print("target: nothing here is an image I may see: the drop is forbidden")
         exit(1)
     }
     let allowed = try await drop.enter(proposing: .copy)
     print("target: proposed copy, the broker allows \(allowed.rawValue)")
     let operation = try await drop.performDrop()
     print("target: performed the drop (\(operation.rawValue)); loading item \(index) as \(type)")
-    let data = try await drop.loadData(item: index, typeIdentifier: type)
+    let data = try await drop.loadData(item: index, typeIdentifier: type) { bytes, expected in
+        // A placeholder's progress bar, as a collection view would show it.
+        let fraction = expected.map { Double(bytes) / Double(max($0, 1)) } ?? 0
+        let bar = String(repeating: "#", count: Int(fraction * 20)).padding(toLength: 20, withPad: "-", startingAt: 0)
+        print("target: loading [\(bar)] \(bytes) of \(expected.map(String.init) ?? "?") bytes")
+    }
     let name = items[index].suggestedName.isEmpty ? "dropped" : items[index].suggestedName
     let file = URL(fileURLWithPath: outputDirectory).appendingPathComponent(name)
     try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true)

@@ -250,7 +250,11 @@ extension Broker {
         guard caller.uniqueName == session.source.uniqueName else {
             throw .accessDenied("Only the source of session \(session.id) may announce a load's size")
         }
-        guard let load = session.loads[id] else { throw .notFound("No load \(id) in flight in session \(session.id)") }
+        guard let load = session.loads[id] else {
+            // The announcement raced the end of the load: nothing left to tell.
+            if id > 0 && id < session.nextLoadID { return }
+            throw .notFound("No load \(id) in session \(session.id)")
+        }
         load.expected = size
         session.object?.emitLoadProgress(load)
     }
