@@ -33,3 +33,50 @@ final class DocumentationTests: XCTestCase {
         XCTAssertEqual(policy.audit.retentionDays, 180)
     }
 }
+
+/// The README's D-Bus API reference is rendered from the published XML, so it cannot drift.
+final class APIReferenceTests: XCTestCase {
+    static func reference() throws -> String {
+        let directory = DocumentationTests.root.appendingPathComponent("Sources/BrokerProtocol/Interfaces")
+        var lines: [String] = []
+        for name in ["org.dragbroker.Broker1.Manager", "org.dragbroker.Broker1.Session", "org.dragbroker.Provider1"] {
+            let xml = try String(contentsOf: directory.appendingPathComponent("\(name).xml"), encoding: .utf8)
+                .replacingOccurrences(of: "<!--[\\s\\S]*?-->", with: "", options: .regularExpression)
+            lines.append("")
+            lines.append("**`\(name)`**")
+            lines.append("")
+            let members = try NSRegularExpression(pattern: #"<(method|signal|property) name="(\w+)"([^>]*)>([\s\S]*?)</\1>"#)
+            for match in members.matches(in: xml, range: NSRange(xml.startIndex..., in: xml)) {
+                func group(_ i: Int) -> String { String(xml[Range(match.range(at: i), in: xml)!]) }
+                let kind = group(1), member = group(2), attributes = group(3), body = group(4)
+                let args = try NSRegularExpression(pattern: #"<arg type="([^"]+)" name="(\w+)"(?: direction="(in|out)")?/>"#)
+                    .matches(in: body, range: NSRange(body.startIndex..., in: body))
+                    .map { m -> (type: String, name: String, direction: String) in
+                        func g(_ i: Int) -> String { m.range(at: i).location == NSNotFound ? "" : String(body[Range(m.range(at: i), in: body)!]) }
+                        return (g(1), g(2), g(3))
+                    }
+                let inputs = args.filter { $0.direction != "out" }.map { "\($0.type) \($0.name)" }.joined(separator: ", ")
+                let outputs = args.filter { $0.direction == "out" }.map { "\($0.type) \($0.name)" }.joined(separator: ", ")
+                switch kind {
+                case "method": lines.append("- method `\(member)(\(inputs))`" + (outputs.isEmpty ? "" : " → `(\(outputs))`"))
+                case "signal": lines.append("- signal `\(member)(\(inputs))`")
+                default:
+                    let type = attributes.range(of: #"type="([^"]+)""#, options: .regularExpression).map { String(attributes[$0].dropFirst(6).dropLast()) } ?? "?"
+                    lines.append("- property `\(member)` `\(type)`")
+                }
+            }
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    func testTheREADMEReferenceMatchesThePublishedXML() throws {
+        let readme = try String(contentsOf: DocumentationTests.root.appendingPathComponent("README.md"), encoding: .utf8)
+        guard let start = readme.range(of: "<!-- api-reference-begin -->\n"), let end = readme.range(of: "\n<!-- api-reference-end -->") else {
+            return XCTFail("README has no API reference block")
+        }
+        let expected = try Self.reference()
+        let actual = String(readme[start.upperBound..<end.lowerBound])
+        if actual != expected { print("--- expected reference ---\n\(expected)\n---") }
+        XCTAssertEqual(actual, expected)
+    }
+}
