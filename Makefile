@@ -14,6 +14,7 @@ build: deps
 
 test: deps
 	$(SWIFT) build --build-tests
+	$(SWIFT) build --product generate-manual
 	$(SWIFT) test --skip-build
 
 demo: build
@@ -31,22 +32,28 @@ BASHCOMPDIR := $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR := $(PREFIX)/share/zsh/vendor-completions
 FISHCOMPDIR := $(PREFIX)/share/fish/vendor_completions.d
 DOCDIR := $(PREFIX)/share/doc/dragbroker
+MAN1DIR := $(PREFIX)/share/man/man1
 BUILT := .build/$(CONFIGURATION)
 INSTALLED := $(BINDIR)/dragbrokerd $(BINDIR)/dragctl $(USERUNITDIR)/dragbrokerd.service \
 	$(DBUSSERVICEDIR)/org.dragbroker.Broker1.service $(BASHCOMPDIR)/dragctl $(ZSHCOMPDIR)/_dragctl \
-	$(FISHCOMPDIR)/dragctl.fish $(DOCDIR)/README.md $(DOCDIR)/examples/dragbroker.conf
+	$(FISHCOMPDIR)/dragctl.fish $(MAN1DIR)/dragctl.1 $(DOCDIR)/README.md $(DOCDIR)/examples/dragbroker.conf
 
-install:
+# swift-argument-parser's manual generator, built once per configuration.
+$(BUILT)/generate-manual:
+	$(SWIFT) build -c $(CONFIGURATION) --product generate-manual
+
+install: $(BUILT)/generate-manual
 	@test -x $(BUILT)/dragbrokerd -a -x $(BUILT)/dragctl || \
 		{ echo "No $(CONFIGURATION) build: run 'swift build -c $(CONFIGURATION)' first" >&2; exit 1; }
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(USERUNITDIR) $(DESTDIR)$(DBUSSERVICEDIR) \
-		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(MAN1DIR)
 	install -m 0755 $(BUILT)/dragbrokerd $(BUILT)/dragctl $(DESTDIR)$(BINDIR)/
 	sed 's|@bindir@|$(BINDIR)|g; s|@docdir@|$(DOCDIR)|g' systemd/dragbrokerd.service.in > $(DESTDIR)$(USERUNITDIR)/dragbrokerd.service
 	sed 's|@bindir@|$(BINDIR)|g' systemd/org.dragbroker.Broker1.service.in > $(DESTDIR)$(DBUSSERVICEDIR)/org.dragbroker.Broker1.service
 	$(BUILT)/dragctl --generate-completion-script bash > $(DESTDIR)$(BASHCOMPDIR)/dragctl
 	$(BUILT)/dragctl --generate-completion-script zsh > $(DESTDIR)$(ZSHCOMPDIR)/_dragctl
 	$(BUILT)/dragctl --generate-completion-script fish > $(DESTDIR)$(FISHCOMPDIR)/dragctl.fish
+	$(BUILT)/generate-manual $(BUILT)/dragctl --output-directory $(DESTDIR)$(MAN1DIR)
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	install -m 0644 examples/dragbroker.conf $(DESTDIR)$(DOCDIR)/examples/dragbroker.conf
 

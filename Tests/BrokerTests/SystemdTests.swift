@@ -99,10 +99,14 @@ final class SystemdTests: XCTestCase {
             "/usr/share/doc/dragbroker/README.md",
             "/usr/share/doc/dragbroker/examples/dragbroker.conf",
             "/usr/share/fish/vendor_completions.d/dragctl.fish",
+            "/usr/share/man/man1/dragctl.1",
             "/usr/share/zsh/vendor-completions/_dragctl",
         ])
         let unit = try String(contentsOfFile: destdir.path + "/usr/lib/systemd/user/dragbrokerd.service", encoding: .utf8)
         XCTAssertTrue(unit.contains("ExecStart=/usr/bin/dragbrokerd --exit-idle-time 300\n"))
+        let manual = try String(contentsOfFile: destdir.path + "/usr/share/man/man1/dragctl.1", encoding: .utf8)
+        XCTAssertTrue(manual.contains(".Dt DRAGCTL 1"), String(manual.prefix(300)))
+        XCTAssertTrue(manual.contains("show-session"))
         let completion = try String(contentsOfFile: destdir.path + "/usr/share/bash-completion/completions/dragctl", encoding: .utf8)
         XCTAssertTrue(completion.contains("list-sessions"))
         try run("/usr/bin/make", ["-C", Self.root.path, "uninstall", "DESTDIR=\(destdir.path)", "PREFIX=/usr"])
