@@ -2,7 +2,7 @@
 SWIFT ?= swift
 BIN := .build/debug
 
-.PHONY: all deps build test demo install uninstall clean
+.PHONY: all deps build test demo bench install uninstall clean
 
 all: build
 
@@ -19,6 +19,12 @@ test: deps
 
 demo: build
 	@scripts/demo
+
+# Throughput and latency through the daemon against a plain pipe and a bus echo (release build).
+bench: deps
+	$(SWIFT) build -c release --product dragbrokerd
+	$(SWIFT) build -c release --product dragbroker-bench
+	.build/release/dragbroker-bench
 
 # `make && sudo make install`: binaries, the user unit, D-Bus activation, completions,
 # the example policy. CONFIGURATION=debug installs the debug build instead.

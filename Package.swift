@@ -15,6 +15,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
     ],
     targets: [
         // The one place that touches libsystemd's C API.
@@ -74,6 +75,14 @@ let package = Package(
             name: "dragbroker-testpeer",
             dependencies: ["BrokerClient", "CSystemd", .product(name: "SystemPackage", package: "swift-system")],
             path: "Tests/TestPeer"
+        ),
+        // `make bench`: broker vs plain pipe throughput, file handover, first byte, Update.
+        .executableTarget(
+            name: "dragbroker-bench",
+            dependencies: ["BrokerClient", "BrokerProtocol", "BusKit", "CSystemd",
+                           .product(name: "Histogram", package: "hdrhistogram-swift"),
+                           .product(name: "SystemPackage", package: "swift-system")],
+            path: "Sources/Bench"
         ),
         .target(name: "UniformTypes"),
         .testTarget(

@@ -97,17 +97,31 @@ enum DescriptorIO {
         }
     }
 
-    /// Copies `fd` to end of file into `output` with splice(2)-free plain reads and writes,
-    /// then closes `fd`. Returns the byte count.
+    /// Copies `fd` to end of file into `output` from one reused buffer, then closes `fd`.
+    /// Returns the byte count.
     static func copy(consuming fd: Int32, to output: Int32) async throws -> UInt64 {
-        try await readChunks(consuming: fd) { data in
-            try data.withUnsafeBytes { raw in
-                var offset = 0
-                while offset < raw.count {
-                    let n = Glibc.write(output, raw.baseAddress! + offset, raw.count - offset)
-                    if n > 0 { offset += n; continue }
-                    if n < 0 && errno == EINTR { continue }
-                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+        try await offLoop {
+            defer { close(fd) }
+            return try withoutSIGPIPE {
+                var total: UInt64 = 0
+                var buffer = [UInt8](repeating: 0, count: 1 << 20)
+                while true {
+                    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                    if n == 0 { return total }
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+                    }
+                    try buffer.withUnsafeBytes { raw in
+                        var offset = 0
+                        while offset < n {
+                            let written = Glibc.write(output, raw.baseAddress! + offset, n - offset)
+                            if written > 0 { offset += written; continue }
+                            if written < 0 && errno == EINTR { continue }
+                            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+                        }
+                    }
+                    total += UInt64(n)
                 }
             }
         }

@@ -1,0 +1,387 @@
+import BrokerClient
+import BrokerProtocol
+import BusKit
+import CSystemd
+import Foundation
+import Glibc
+import Histogram
+import SystemPackage
+
+/// The orchestrating role, which is also the destination: starts a private bus, the daemon
+/// and the source process, measures, cleans up, and prints the report.
+enum Orchestrator {
+    /// Bounds: every section stops at its count or its time budget, whichever comes first,
+    /// and the whole run at the watchdog.
+    static let watchdogSeconds = 900.0
+    static let latencyWarmup = 200
+    static let latencyIterations = 3000
+    static let latencyBudget = 30.0
+    static let throughputRepetitions = 7
+    static let throughputBudget = 120.0
+
+    static func main() async -> Int32 {
+        installTerminationHandlers()
+        startWatchdog(seconds: watchdogSeconds)
+        let report: [String]
+        do {
+            report = try await run()
+        } catch {
+            print("dragbroker-bench: FAILED: \(error)")
+            print(Cleanup.shared.diagnostics())
+            Cleanup.shared.run()
+            return 1
+        }
+        Cleanup.shared.run()
+        // The ratios come last, one key=value line each.
+        for line in report { print(line) }
+        return 0
+    }
+
+    struct World {
+        let address: String
+        let source: Child
+        let sourceName: String
+        let token: String
+        let plainRead: Int32
+        let plainPipeSize: Int32
+        let daemonPID: pid_t
+    }
+
+    /// The private bus, the daemon (beside this binary), and this binary again as the source.
+    static func startWorld() throws -> World {
+        let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let binDir = URL(fileURLWithPath: executable).deletingLastPathComponent()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-bench-\(UUID().uuidString)")
+        let state = directory.appendingPathComponent("state")
+        let policy = directory.appendingPathComponent("policy")
+        Cleanup.shared.add(directory: directory)
+        try FileManager.default.createDirectory(at: state, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: policy.appendingPathComponent("dragbroker.conf.d"), withIntermediateDirectories: true)
+        let path = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
+
+        let bus = try Child(name: "dbus-daemon", executable: "/usr/bin/dbus-daemon",
+                            arguments: ["--session", "--nofork", "--nopidfile", "--print-address=1"], environment: path)
+        Cleanup.shared.add(bus)
+        guard let address = bus.stdout.take(timeout: 20, where: { $0.hasPrefix("unix:") }) else {
+            throw BenchError("dbus-daemon did not print its address\n\(bus.diagnostics())")
+        }
+
+        let daemonPath = binDir.appendingPathComponent("dragbrokerd").path
+        guard FileManager.default.isExecutableFile(atPath: daemonPath) else {
+            throw BenchError("\(daemonPath) is missing: build it with `swift build -c release --product dragbrokerd`")
+        }
+        let daemon = try Child(name: "dragbrokerd", executable: daemonPath,
+                               arguments: ["--address", address, "--state-directory", state.path, "--policy-directory", policy.path],
+                               environment: path, stderrPath: directory.appendingPathComponent("dragbrokerd.log").path)
+        Cleanup.shared.add(daemon)
+        guard daemon.waitForStderr(containing: "Serving org.dragbroker.Broker1", timeout: 30) else {
+            throw BenchError("dragbrokerd did not start\n\(daemon.diagnostics())")
+        }
+
+        // The baseline: a plain pipe between the same two processes, enlarged as the daemon
+        // enlarges its own. The source opens the write end through /proc.
+        var fds: [Int32] = [-1, -1]
+        guard shim_pipe_blocking(&fds) == 0 else { throw BenchError("pipe2 failed: \(String(cString: strerror(errno)))") }
+        _ = shim_set_pipe_size(fds[0], Int32(1 << 20))
+        let plainPipeSize = shim_get_pipe_size(fds[0])
+
+        let source = try Child(name: "source", executable: executable,
+                               arguments: ["source", "/proc/\(getpid())/fd/\(fds[1])"],
+                               environment: path.merging(["DRAGBROKER_BUS_ADDRESS": address]) { $1 })
+        Cleanup.shared.add(source)
+        // Allocating and sealing the 1 GiB memfd takes a moment.
+        guard let ready = source.stdout.take(timeout: 120, where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR") }),
+              ready.hasPrefix("READY ") else {
+            throw BenchError("the source did not start: \(source.stdout.tail(5))\n\(source.diagnostics())\n\(daemon.diagnostics())")
+        }
+        // From now on only the source holds the write end: if it dies, reads see end of file.
+        close(fds[1])
+        let words = ready.split(separator: " ").map(String.init)
+        guard words.count == 3 else { throw BenchError("unexpected line from the source: \(ready)") }
+        return World(address: address, source: source, sourceName: words[1], token: words[2],
+                     plainRead: fds[0], plainPipeSize: plainPipeSize, daemonPID: daemon.pid)
+    }
+
+    static func progress(_ line: String) {
+        print("# \(line)")
+        fflush(nil)
+    }
+
+    static func run() async throws -> [String] {
+        let loadAverageAtStart = loadAverage()
+        let world = try startWorld()
+        let echo = try EchoClient(address: world.address)
+        let connection = try await BrokerConnection.connect(address: world.address)
+        let drop = try await connection.presentToken(world.token)
+        let items = try await drop.items()
+        let expected = Set([BenchTypes.data256M, BenchTypes.data1G, BenchTypes.small, BenchTypes.file])
+        guard items.count == 1, Set(items[0].typeIdentifiers) == expected else {
+            throw BenchError("the destination sees unexpected items: \(items)")
+        }
+        let sourceName = world.sourceName
+        let ping: () async throws -> Void = { try await echo.ping(sourceName) }
+
+        // (d) Update round trips: proposals exist only before the drop, so this comes first.
+        progress("(d) proposal Update round trip vs echo: \(latencyWarmup) warm-up, up to \(latencyIterations) pairs or \(Int(latencyBudget)) s")
+        guard try await drop.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
+        let update = try await measurePaired(op: {
+            let start = monotonicNanos()
+            let allowed = try await drop.update(proposing: .copy)
+            let elapsed = monotonicNanos() - start
+            guard allowed == .copy else { throw BenchError("Update answered \(allowed)") }
+            return elapsed
+        }, echo: ping)
+
+        guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
+
+        // (c) From issuing Load to the first byte in the destination's hands, for a 4 KiB
+        // data representation, through `loadStream` (the first chunk it yields).
+        progress("(c) Load to first byte (\(BenchSizes.small)-byte data representation, loadStream) vs echo")
+        let firstByteOp: () async throws -> UInt64 = {
+            let start = monotonicNanos()
+            var first: UInt64 = 0
+            var total = 0
+            for try await chunk in drop.loadStream(item: 0, typeIdentifier: BenchTypes.small) {
+                if first == 0 && !chunk.isEmpty { first = monotonicNanos() - start }
+                total += chunk.count
+            }
+            guard total == BenchSizes.small, first > 0 else { throw BenchError("the small load delivered \(total) bytes") }
+            return first
+        }
+        let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
+
+        // (b) File handover: the source's handler returns a dup of a sealed 1 GiB memfd made
+        // before timing; loadFile returns the descriptor the daemon checked and reopened.
+        progress("(b) file handover of a 1 GiB sealed memfd (loadFile) vs echo")
+        let check = try await drop.loadFile(item: 0, typeIdentifier: BenchTypes.file)
+        var info = stat()
+        fstat(check.rawValue, &info)
+        let seals = shim_get_seals(check.rawValue)
+        try check.close()
+        guard info.st_size == BenchSizes.file, seals & shim_seal_write() != 0 else {
+            throw BenchError("the file handed over has \(info.st_size) bytes and seals \(seals)")
+        }
+        let handoverOp: () async throws -> UInt64 = {
+            let start = monotonicNanos()
+            let fd = try await drop.loadFile(item: 0, typeIdentifier: BenchTypes.file)
+            let elapsed = monotonicNanos() - start
+            try fd.close()
+            return elapsed
+        }
+        let handover = try await measurePaired(op: handoverOp, echo: ping)
+
+        // (a) Throughput, last: broker and plain pipe runs interleaved (ABBA order) so drift
+        // and noise fall on both alike.
+        progress("(a) data throughput: 256 MiB and 1 GiB, broker vs plain pipe, \(throughputRepetitions) repetitions each")
+        let devNull = try FileDescriptor.open("/dev/null", .writeOnly, options: .closeOnExec)
+        defer { try? devNull.close() }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BenchSizes.chunk, alignment: 4096)
+        defer { buffer.deallocate() }
+        let reader = PlainReader(fd: world.plainRead, buffer: buffer)
+
+        func broker(_ size: Int) async throws -> Double {
+            let type = size == BenchSizes.gib1 ? BenchTypes.data1G : BenchTypes.data256M
+            let start = monotonicNanos()
+            let received = try await drop.load(item: 0, typeIdentifier: type, into: devNull)
+            let elapsed = monotonicNanos() - start
+            guard received == UInt64(size) else { throw BenchError("the broker delivered \(received) of \(size) bytes") }
+            return mibPerSecond(size, elapsed)
+        }
+        func plain(_ size: Int, _ hop: Bool, _ copying: Bool) async throws -> Double {
+            let start = monotonicNanos()
+            try world.source.send("\(hop ? "plainhop" : "plain") \(size)")
+            let received = copying ? try await reader.readCopying(size, to: devNull.rawValue) : try await reader.read(size)
+            let elapsed = monotonicNanos() - start
+            guard received == size else { throw BenchError("the plain pipe delivered \(received) of \(size) bytes") }
+            guard world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK plain") || $0.hasPrefix("ERR") })?.hasPrefix("OK") == true else {
+                throw BenchError("the source failed to write the plain pipe\n\(world.source.diagnostics())")
+            }
+            return mibPerSecond(size, elapsed)
+        }
+
+        // Warm-up: one of each, discarded.
+        _ = try await plain(BenchSizes.mib256, false, false)
+        _ = try await broker(BenchSizes.mib256)
+        var runs: [Int: (plain: [Double], broker: [Double])] = [:]
+        let deadline = monotonicNanos() + UInt64(throughputBudget * 1e9)
+        var repetitions = 0
+        while repetitions < throughputRepetitions && (repetitions == 0 || monotonicNanos() < deadline) {
+            for size in [BenchSizes.mib256, BenchSizes.gib1] {
+                if repetitions % 2 == 0 {
+                    runs[size, default: ([], [])].plain.append(try await plain(size, false, false))
+                    runs[size, default: ([], [])].broker.append(try await broker(size))
+                } else {
+                    runs[size, default: ([], [])].broker.append(try await broker(size))
+                    runs[size, default: ([], [])].plain.append(try await plain(size, false, false))
+                }
+            }
+            repetitions += 1
+        }
+
+        var experiments: [String] = []
+        if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_EXPERIMENTS"] != nil {
+            progress("experiments (DRAGBROKER_BENCH_EXPERIMENTS is set)")
+            experiments = try await Experiments.run(
+                world: world, buffer: buffer, devNull: devNull.rawValue, plain: plain, broker: broker,
+                libraryHandover: handoverOp, libraryFirstByte: firstByteOp,
+                libraryUpdateSession: { token in
+                    let session = try await connection.presentToken(token)
+                    guard try await session.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
+                    return {
+                        let start = monotonicNanos()
+                        _ = try await session.update(proposing: .copy)
+                        return monotonicNanos() - start
+                    }
+                },
+                timedEcho: {
+                    let start = monotonicNanos()
+                    try await ping()
+                    return monotonicNanos() - start
+                })
+        }
+        try await drop.conclude()
+        try world.source.send("quit")
+        _ = world.source.waitForExit(timeout: 10)
+
+        // The report: informative lines, then one key=value line per ratio.
+        var report: [String] = []
+        report.append("dragbroker-bench: \(ProcessInfo.processInfo.activeProcessorCount) cores, load average \(loadAverageAtStart) at start, "
+                      + "\(loadAverage()) at end")
+        report.append("(a) data throughput, source → dragbrokerd splice proxy → destination, against a plain pipe between")
+        report.append("    the same two processes (pipe size \(world.plainPipeSize) bytes, as the daemon sets its own). The source")
+        report.append("    writes 1 MiB chunks from one preallocated buffer (stream representation, DataWriter.write / write(2)),")
+        report.append("    the destination reads 1 MiB chunks and discards them (load(into: /dev/null) / read(2) into one buffer).")
+        report.append("    \(repetitions) repetitions, broker and plain alternating (ABBA), after one warm-up run of each;")
+        report.append("    the ratio is the median of each repetition's broker/plain")
+        var ratios: [Int: Double] = [:]
+        for (label, size) in [("256 MiB", BenchSizes.mib256), ("1 GiB", BenchSizes.gib1)] {
+            let (plainRates, brokerRates) = runs[size] ?? ([], [])
+            let ratio = median(zip(brokerRates, plainRates).map { $0 / $1 })
+            ratios[size] = ratio
+            report.append("  \(label): plain pipe median \(format(median(plainRates))) MiB/s, broker median \(format(median(brokerRates))) MiB/s, "
+                          + "broker/plain \(format(ratio, 3))")
+            report.append("    plain runs (MiB/s):  \(plainRates.map { format($0) }.joined(separator: " "))")
+            report.append("    broker runs (MiB/s): \(brokerRates.map { format($0) }.joined(separator: " "))")
+        }
+        report.append("(b) file handover, 1 GiB sealed memfd made before timing, Load → descriptor (loadFile)")
+        report.append(pairLine(handover))
+        report.append("(c) Load (after PerformDrop) → first byte read, 4 KiB data representation, first chunk of loadStream")
+        report.append(pairLine(firstByte))
+        report.append("(d) proposal Update round trip (after Enter)")
+        report.append(pairLine(update))
+        report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
+        report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
+        report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
+        report += experiments
+        report.append("pipe_ratio_256m=\(format(ratios[BenchSizes.mib256] ?? .nan, 3))")
+        report.append("pipe_ratio=\(format(ratios[BenchSizes.gib1] ?? .nan, 3))")
+        report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
+        report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
+        report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
+        return report
+    }
+
+    static func loadAverage() -> String {
+        ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "?").split(separator: " ").prefix(3).joined(separator: " ")
+    }
+
+    struct Paired {
+        var op: Histogram<UInt64>
+        var echo: Histogram<UInt64>
+        var count: Int
+    }
+
+    /// Alternates one operation and one echo, so both see the same machine; the first
+    /// `latencyWarmup` pairs are discarded. `op` returns its own duration in nanoseconds.
+    /// Each measurement starts after `settle()`, so the work a load leaves behind once it has
+    /// returned (the daemon's transfer log write, the source's signal handling) is charged
+    /// neither to the next echo nor to the next operation.
+    static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {
+        var result = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
+        for _ in 0..<latencyWarmup {
+            _ = try await op()
+            try await echo()
+        }
+        let deadline = monotonicNanos() + UInt64(latencyBudget * 1e9)
+        while result.count < latencyIterations && monotonicNanos() < deadline {
+            try await settle()
+            result.op.record(try await op())
+            try await settle()
+            let start = monotonicNanos()
+            try await echo()
+            result.echo.record(monotonicNanos() - start)
+            result.count += 1
+        }
+        return result
+    }
+
+    static let settleNanoseconds: UInt64 = 1_000_000
+
+    static func settle() async throws {
+        try await Task.sleep(nanoseconds: settleNanoseconds)
+    }
+
+    static func pairLine(_ pair: Paired) -> String {
+        "  n=\(pair.count): p50 \(format(pair.op.micros(50))) µs, p99 \(format(pair.op.micros(99))) µs; "
+            + "echo p50 \(format(pair.echo.micros(50))) µs, p99 \(format(pair.echo.micros(99))) µs; "
+            + "ratio p50 \(format(pair.op.micros(50) / pair.echo.micros(50), 2)), p99 \(format(pair.op.micros(99) / pair.echo.micros(99), 2))"
+    }
+
+    static func mibPerSecond(_ bytes: Int, _ nanos: UInt64) -> Double {
+        Double(bytes) / 1_048_576 / (Double(nanos) / 1e9)
+    }
+
+    static func median(_ values: [Double]) -> Double {
+        guard !values.isEmpty else { return .nan }
+        let sorted = values.sorted()
+        let middle = sorted.count / 2
+        return sorted.count % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2
+    }
+}
+
+/// The baseline reader: exactly `size` bytes from the plain pipe in 1 MiB reads into one
+/// preallocated buffer, discarded, on a dispatch thread as the library reads its pipes.
+final class PlainReader: @unchecked Sendable {
+    let fd: Int32
+    let buffer: UnsafeMutableRawBufferPointer
+
+    init(fd: Int32, buffer: UnsafeMutableRawBufferPointer) {
+        self.fd = fd
+        self.buffer = buffer
+    }
+
+    func read(_ size: Int) async throws -> Int {
+        try await offThread { [self] in
+            var total = 0
+            while total < size {
+                let n = Glibc.read(fd, buffer.baseAddress, min(buffer.count, size - total))
+                if n > 0 { total += n; continue }
+                if n == 0 { return total }
+                if errno == EINTR { continue }
+                throw BenchError("read from the plain pipe failed: \(String(cString: strerror(errno)))")
+            }
+            return total
+        }
+    }
+
+    /// Experiment: reads as DescriptorIO.readChunks does, a new Data per chunk, written out.
+    func readCopying(_ size: Int, to output: Int32) async throws -> Int {
+        try await offThread { [self] in
+            var total = 0
+            var buffer = [UInt8](repeating: 0, count: 1 << 20)
+            while total < size {
+                let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, min($0.count, size - total)) }
+                if n > 0 {
+                    total += n
+                    let data = Data(buffer[0..<n])
+                    _ = data.withUnsafeBytes { Glibc.write(output, $0.baseAddress, $0.count) }
+                    continue
+                }
+                if n == 0 { return total }
+                if errno == EINTR { continue }
+                throw BenchError("read from the plain pipe failed: \(String(cString: strerror(errno)))")
+            }
+            return total
+        }
+    }
+}

@@ -1,0 +1,312 @@
+import BusKit
+import CSystemd
+import Foundation
+import Glibc
+import Histogram
+import Synchronization
+
+/// The representations the source offers, one item, all visible to everyone.
+enum BenchTypes {
+    static let data256M = "application/x-dragbroker-bench-256m"
+    static let data1G = "application/x-dragbroker-bench-1g"
+    static let small = "application/x-dragbroker-bench-small"
+    static let file = "application/x-dragbroker-bench-file"
+}
+
+enum BenchSizes {
+    static let chunk = 1 << 20
+    static let small = 4096
+    static let mib256 = 256 << 20
+    static let gib1 = 1 << 30
+    static let file = 1 << 30
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func monotonicNanos() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+/// 1 MiB of non-zero bytes, built once and reused for every write.
+func patternChunk(_ size: Int) -> Data {
+    Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+}
+
+/// A latency histogram in nanoseconds, up to 100 s, three significant digits.
+func latencyHistogram() -> Histogram<UInt64> {
+    Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 100_000_000_000, numberOfSignificantValueDigits: .three)
+}
+
+extension Histogram where Count == UInt64 {
+    /// A percentile in microseconds.
+    func micros(_ percentile: Double) -> Double { Double(valueAtPercentile(percentile)) / 1000 }
+}
+
+func format(_ value: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", value) }
+
+/// A bus echo with the machinery the client library uses: an actor whose executor is a BusKit
+/// event loop, `Bus.call` with a continuation. sd-bus answers `org.freedesktop.DBus.Peer.Ping`
+/// itself, so this is the bare round trip through dbus-daemon to a peer and back.
+actor EchoClient {
+    let loop: EventLoop
+    let bus: Bus
+
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+    init(address: String) throws(BusError) {
+        let loop = try EventLoop()
+        bus = try Bus.connect(address: address, loop: loop, description: "dragbroker-bench-echo")
+        loop.start(name: "dragbroker-bench-echo")
+        self.loop = loop
+    }
+
+    func ping(_ destination: String) async throws(BusError) {
+        let message = try bus.newMethodCall(destination: destination, path: "/", interface: "org.freedesktop.DBus.Peer", member: "Ping")
+        _ = try await bus.call(message)
+    }
+}
+
+/// Lines from a child's output, collected on a thread of their own; only the newest are kept.
+final class LineReader: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var lines: [String] = []
+    private var closed = false
+    private let keep: Int
+
+    init(_ handle: FileHandle, keep: Int = 2000) {
+        self.keep = keep
+        let thread = Thread { [self] in
+            var pending = Data()
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...newline)
+                    condition.lock()
+                    lines.append(line)
+                    if lines.count > keep { lines.removeFirst(lines.count - keep) }
+                    condition.broadcast()
+                    condition.unlock()
+                }
+            }
+            condition.lock(); closed = true; condition.broadcast(); condition.unlock()
+        }
+        thread.start()
+    }
+
+    /// Removes and returns the first line satisfying `match`, waiting up to `timeout` seconds.
+    func take(timeout: TimeInterval, where match: (String) -> Bool) -> String? {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            if let index = lines.firstIndex(where: match) { return lines.remove(at: index) }
+            if closed || !condition.wait(until: deadline) { return lines.firstIndex(where: match).map { lines.remove(at: $0) } }
+        }
+    }
+
+    func tail(_ count: Int) -> String {
+        condition.lock()
+        defer { condition.unlock() }
+        return lines.suffix(count).joined(separator: "\n")
+    }
+}
+
+/// A child process with its stdin and stdout on pipes, and its stderr on a pipe or, for a
+/// chatty child, in a file (so no reader in this process wakes for each line it logs).
+final class Child: @unchecked Sendable {
+    let name: String
+    let process = Process()
+    let stdout: LineReader
+    private let stderr: LineReader?
+    private let stderrPath: String?
+    private let input = Pipe()
+
+    init(name: String, executable: String, arguments: [String], environment: [String: String], stderrPath: String? = nil) throws {
+        self.name = name
+        self.stderrPath = stderrPath
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        process.environment = environment
+        let out = Pipe()
+        process.standardInput = input
+        process.standardOutput = out
+        stdout = LineReader(out.fileHandleForReading)
+        if let stderrPath {
+            guard FileManager.default.createFile(atPath: stderrPath, contents: nil),
+                  let file = FileHandle(forWritingAtPath: stderrPath) else { throw BenchError("cannot create \(stderrPath)") }
+            process.standardError = file
+            stderr = nil
+        } else {
+            let err = Pipe()
+            process.standardError = err
+            stderr = LineReader(err.fileHandleForReading)
+        }
+        try Self.spawn(process)
+    }
+
+    /// Starts `process` from a thread of its own with no signal blocked: a child inherits the
+    /// spawning thread's mask, and the concurrency pool's threads block nearly every signal,
+    /// which would leave the child deaf to SIGTERM.
+    private static func spawn(_ process: Process) throws {
+        let failure = Mutex<(any Error)?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let process = UncheckedBox(process)
+        let thread = Thread {
+            var none = sigset_t()
+            sigemptyset(&none)
+            pthread_sigmask(SIG_SETMASK, &none, nil)
+            do {
+                try process.value.run()
+            } catch {
+                failure.withLock { $0 = error }
+            }
+            done.signal()
+        }
+        thread.start()
+        done.wait()
+        if let error = failure.withLock({ $0 }) { throw error }
+    }
+
+    var pid: pid_t { process.processIdentifier }
+
+    /// Waits up to `timeout` seconds for a stderr line containing `text`.
+    func waitForStderr(containing text: String, timeout: TimeInterval) -> Bool {
+        if let stderr { return stderr.take(timeout: timeout) { $0.contains(text) } != nil }
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if stderrTail(1000).contains(text) { return true }
+            if !process.isRunning { return false }
+            usleep(20_000)
+        }
+        return false
+    }
+
+    func stderrTail(_ count: Int) -> String {
+        if let stderr { return stderr.tail(count) }
+        guard let stderrPath, let text = try? String(contentsOfFile: stderrPath, encoding: .utf8) else { return "" }
+        return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(count).joined(separator: "\n")
+    }
+
+    func send(_ line: String) throws {
+        try input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
+    }
+
+    func closeInput() {
+        try? input.fileHandleForWriting.close()
+    }
+
+    /// Waits up to `timeout` seconds for the child to exit.
+    func waitForExit(timeout: TimeInterval) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning {
+            if Date() > deadline { return false }
+            usleep(10_000)
+        }
+        return true
+    }
+
+    /// SIGTERM, then SIGKILL if it has not gone within `grace` seconds.
+    func stop(grace: TimeInterval = 5) {
+        guard process.isRunning else { return }
+        kill(pid, SIGTERM)
+        if !waitForExit(timeout: grace) {
+            kill(pid, SIGKILL)
+            _ = waitForExit(timeout: 5)
+        }
+    }
+
+    func diagnostics() -> String {
+        "\(name) stderr (last lines):\n\(stderrTail(20))"
+    }
+}
+
+/// Carries a value that is used by one thread at a time across a thread boundary.
+struct UncheckedBox<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
+
+/// Everything the orchestrator started, torn down exactly once: on success, on an error,
+/// on SIGINT/SIGTERM/SIGHUP, and by the watchdog. A second caller waits for the first to
+/// finish, so the process never exits halfway through.
+final class Cleanup: @unchecked Sendable {
+    static let shared = Cleanup()
+
+    /// Guards everything below; held for the whole teardown.
+    private let lock = NSLock()
+    private var children: [Child] = []
+    private var directories: [URL] = []
+    private var done = false
+
+    func add(_ child: Child) { lock.withLock { children.append(child) } }
+    func add(directory: URL) { lock.withLock { directories.append(directory) } }
+
+    /// The last lines each child wrote to stderr, for a failure report.
+    func diagnostics() -> String {
+        lock.withLock { children }.map { $0.diagnostics() }.joined(separator: "\n")
+    }
+
+    /// Stops children newest first (source, daemon, bus), then removes the directories.
+    func run() {
+        lock.lock()
+        defer { lock.unlock() }
+        if done { return }
+        done = true
+        for child in children.reversed() {
+            child.closeInput()
+            child.stop()
+        }
+        for directory in directories { try? FileManager.default.removeItem(at: directory) }
+    }
+}
+
+/// Signals reach a C handler that only writes to a pipe; a thread turns that into cleanup.
+/// Handlers (unlike ignored signals) reset to the default in children after exec.
+/// A `let` pointer: reading it in the handler involves no exclusivity check or allocation.
+nonisolated(unsafe) private let signalPipe = UnsafeMutablePointer<Int32>.allocate(capacity: 2)
+
+func installTerminationHandlers() {
+    guard shim_pipe_blocking(signalPipe) == 0 else { return }
+    let handler: @convention(c) (Int32) -> Void = { signal in
+        var byte = UInt8(truncatingIfNeeded: signal)
+        _ = write(signalPipe[1], &byte, 1)
+    }
+    for signal in [SIGINT, SIGTERM, SIGHUP] { _ = Glibc.signal(signal, handler) }
+    // Writing to a child that is gone must fail with EPIPE, not kill this process; a handler
+    // rather than SIG_IGN, which children would inherit.
+    _ = Glibc.signal(SIGPIPE, { _ in })
+    let thread = Thread {
+        var byte: UInt8 = 0
+        while read(signalPipe[0], &byte, 1) < 0 && errno == EINTR {}
+        FileHandle.standardError.write(Data("dragbroker-bench: interrupted by signal \(byte), cleaning up\n".utf8))
+        Cleanup.shared.run()
+        exit(130)
+    }
+    thread.start()
+}
+
+/// Ends the whole run if it takes longer than `seconds`, cleaning up first.
+func startWatchdog(seconds: Double) {
+    let thread = Thread {
+        Thread.sleep(forTimeInterval: seconds)
+        FileHandle.standardError.write(Data("dragbroker-bench: gave up after \(Int(seconds)) s, cleaning up\n".utf8))
+        Cleanup.shared.run()
+        exit(1)
+    }
+    thread.start()
+}
+
+/// Blocking descriptor work on a dispatch thread, as the client library does its reads.
+func offThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+}
