@@ -16,6 +16,8 @@ public final class Message: @unchecked Sendable {
     deinit { sd_bus_message_unref(handle) }
 
     public var sender: String? { sd_bus_message_get_sender(handle).map { String(cString: $0) } }
+    /// For a reply being built, the peer it goes to.
+    public var destination: String? { sd_bus_message_get_destination(handle).map { String(cString: $0) } }
     public var member: String? { sd_bus_message_get_member(handle).map { String(cString: $0) } }
     public var path: String? { sd_bus_message_get_path(handle).map { String(cString: $0) } }
     public var interface: String? { sd_bus_message_get_interface(handle).map { String(cString: $0) } }

@@ -103,6 +103,10 @@ final class Broker {
         try identities.identity(of: call)
     }
 
+    func identity(ofName uniqueName: String) throws(BrokerError) -> AppIdentity {
+        try identities.identity(ofName: uniqueName, on: bus)
+    }
+
     // MARK: Policy
 
     /// Loads the policy directory and applies it only if every file is valid: a bad file
@@ -181,7 +185,8 @@ final class Broker {
             throw BrokerError(.failed, "Failed to export session \(id): \(error.message)")
         }
         sessions[id] = session
-        try? bus.emitObjectAdded(path: session.path)
+        // ObjectManager signals are broadcast: a restricted session must not announce itself.
+        if !options.restrictedToApp { try? bus.emitObjectAdded(path: session.path) }
         sessionsChanged()
         logger.info("Session \(id) begun by \(source.appID) (pid \(source.pid)) with \(items.count) item(s)")
         monitors.emit(session, "begin", "\(source.appID), \(items.count) item\(items.count == 1 ? "" : "s")")
@@ -359,7 +364,7 @@ final class Broker {
 
     private func retire(_ session: Session, outcome: String, error: BrokerError?) {
         guard sessions.removeValue(forKey: session.id) != nil else { return }
-        try? bus.emitObjectRemoved(path: session.path)
+        if !session.options.restrictedToApp { try? bus.emitObjectRemoved(path: session.path) }
         // The object may be answering the very call that retired it: unexport it once that returns.
         let object = session.object
         session.object = nil

@@ -305,6 +305,25 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(destination.run("present \(token)"), err(.notFound, "No live session has this token"))
     }
 
+    /// A restricted session's properties are refused to other apps, and it announces nothing
+    /// in broadcast signals; an unrestricted one answers an operator of the same user.
+    func testRestrictedSessionPropertiesAreNotReadableByOtherApps() throws {
+        let world = try World { Self.registry($0) }
+        let source = try world.peer("source-app")
+        let (_, open) = try source.begin(EndToEndTests.helloDrag)
+        let (_, restricted) = try source.begin(EndToEndTests.helloDrag.replacingOccurrences(of: "]}]}", with: "]}],\"restricted\":true}"))
+        let probe = try BusProbe(address: world.bus.address)
+        func sourceApp(_ path: String) -> Result<Message, BusError> {
+            probe.call(BrokerNames.busName, path, "org.freedesktop.DBus.Properties", "Get") { m throws(BusError) in
+                try m.append(BrokerNames.sessionInterface)
+                try m.append("SourceApp")
+            }
+        }
+        XCTAssertEqual(sourceApp(open).errorName, "OK")
+        guard case .failure(let error) = sourceApp(restricted) else { return XCTFail("a restricted session's source app was readable") }
+        XCTAssertEqual(error, BrokerError(.accessDenied, "Session s2's properties are for its parties").busError)
+    }
+
     func testIdentityCannotBeClaimed() throws {
         let world = try World { Self.registry($0) }
         // A stranger names itself after a registered app, and asks for options that do not exist.

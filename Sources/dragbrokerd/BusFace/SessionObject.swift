@@ -34,19 +34,38 @@ final class SessionObject {
                     "Cancel": serve(broker, "Cancel", session: session) { [unowned self] in try cancel($0) },
                 ],
                 properties: [
-                    "Id": { [unowned self] m throws(BusError) in try m.append(self.session.id) },
-                    "SourceApp": { [unowned self] m throws(BusError) in try m.append(self.session.source.appID) },
-                    "State": { [unowned self] m throws(BusError) in try m.append(self.session.state.rawValue) },
-                    "ItemCount": { [unowned self] m throws(BusError) in try m.append(UInt32(self.session.items.count)) },
-                    "Operation": { [unowned self] m throws(BusError) in try m.append(self.session.operation.rawValue) },
+                    "Id": { [unowned self] m throws(BusError) in try readable(m) { m throws(BusError) in try m.append(self.session.id) } },
+                    "SourceApp": { [unowned self] m throws(BusError) in try readable(m) { m throws(BusError) in try m.append(self.session.source.appID) } },
+                    "State": { [unowned self] m throws(BusError) in try readable(m) { m throws(BusError) in try m.append(self.session.state.rawValue) } },
+                    "ItemCount": { [unowned self] m throws(BusError) in try readable(m) { m throws(BusError) in try m.append(UInt32(self.session.items.count)) } },
+                    "Operation": { [unowned self] m throws(BusError) in try readable(m) { m throws(BusError) in try m.append(self.session.operation.rawValue) } },
                     "Progress": { [unowned self] m throws(BusError) in
-                        let (done, expected) = self.progress
-                        try m.openContainer("r", "tt")
-                        try m.append(done)
-                        try m.append(expected)
-                        try m.closeContainer()
+                        try readable(m) { m throws(BusError) in
+                            let (done, expected) = self.progress
+                            try m.openContainer("r", "tt")
+                            try m.append(done)
+                            try m.append(expected)
+                            try m.closeContainer()
+                        }
                     },
                 ]))
+    }
+
+    /// Properties are for the session's parties and those who may inspect it (as ListSessions
+    /// decides); anyone else, and every other app for a restricted session, is refused.
+    private func readable(_ reply: Message, _ append: (Message) throws(BusError) -> Void) throws(BusError) {
+        guard let caller = reply.destination else { return try append(reply) }
+        let identity: AppIdentity
+        do {
+            identity = try broker.identity(ofName: caller)
+        } catch {
+            throw error.busError
+        }
+        let party = caller == session.source.uniqueName || session.destinations[caller] != nil
+        guard party || ManagerObject.mayInspect(session, identity) else {
+            throw BrokerError.accessDenied("Session \(session.id)'s properties are for its parties").busError
+        }
+        try append(reply)
     }
 
     // MARK: Methods
@@ -178,11 +197,16 @@ final class SessionObject {
 
     // MARK: Events
 
+    /// PropertiesChanged is broadcast, so a restricted session keeps its changes to itself.
+    private var announces: Bool { !session.options.restrictedToApp }
+
     func itemsChanged() {
+        guard announces else { return }
         try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["ItemCount"])
     }
 
     func stateChanged() {
+        guard announces else { return }
         try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface,
                                                properties: ["State", "Operation"])
     }
@@ -239,7 +263,9 @@ final class SessionObject {
                 try m.append(expected)
             }
         }
-        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
+        if announces {
+            try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
+        }
     }
 
     /// To both ends: the destination learns whether every byte arrived, the source whether
@@ -253,6 +279,8 @@ final class SessionObject {
                 try m.append(error?.message ?? "")
             }
         }
-        try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
+        if announces {
+            try? broker.bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: ["Progress"])
+        }
     }
 }

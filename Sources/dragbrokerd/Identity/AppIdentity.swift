@@ -91,11 +91,16 @@ final class IdentityResolver {
     init(policy: Policy) { self.policy = policy }
 
     func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
-        if let known = identities[call.sender] { return known }
-        let facts = try Self.readFacts(call)
-        self.facts[call.sender] = facts
+        try identity(ofName: call.sender, on: call.bus)
+    }
+
+    /// The identity of the connection `uniqueName`, e.g. the caller a property reply goes to.
+    func identity(ofName uniqueName: String, on bus: Bus) throws(BrokerError) -> AppIdentity {
+        if let known = identities[uniqueName] { return known }
+        let facts = try Self.readFacts(bus, uniqueName)
+        self.facts[uniqueName] = facts
         let identity = AppIdentity(facts: facts, policy: policy)
-        identities[call.sender] = identity
+        identities[uniqueName] = identity
         return identity
     }
 
@@ -115,10 +120,10 @@ final class IdentityResolver {
 
     /// Pins the sender's process with a pidfd, checks the bus still reports that PID for the
     /// connection (so the PID was not recycled in between), and only then reads /proc.
-    static func readFacts(_ call: MethodCall) throws(BrokerError) -> ProcessFacts {
+    static func readFacts(_ bus: Bus, _ sender: String) throws(BrokerError) -> ProcessFacts {
         let credentials: Credentials
         do {
-            credentials = try call.bus.senderCredentials(of: call.message)
+            credentials = try bus.credentials(ofName: sender)
         } catch {
             throw BrokerError(.failed, "Failed to read the caller's credentials: \(error.message)")
         }
@@ -129,7 +134,7 @@ final class IdentityResolver {
         defer { close(pidfd) }
         let again: Credentials
         do {
-            again = try call.bus.credentials(ofName: call.sender)
+            again = try bus.credentials(ofName: sender)
         } catch {
             throw BrokerError(.accessDenied, "The caller's connection went away while its identity was read")
         }
@@ -139,7 +144,7 @@ final class IdentityResolver {
         let root = "/proc/\(credentials.pid)"
         let cgroup = (try? String(contentsOfFile: "\(root)/cgroup", encoding: .utf8)).map(Self.cgroupPath) ?? ""
         return ProcessFacts(
-            uniqueName: call.sender, pid: credentials.pid, uid: credentials.euid,
+            uniqueName: sender, pid: credentials.pid, uid: credentials.euid,
             executable: executable(of: credentials.pid) ?? "unknown",
             flatpakApp: (try? String(contentsOfFile: "\(root)/root/.flatpak-info", encoding: .utf8)).flatMap(flatpakApp(info:)),
             snapName: snapName(cgroup: cgroup),
