@@ -31,6 +31,9 @@ struct OutputOptions: ParsableArguments {
     @Flag(name: .customLong("no-legend"), help: "Do not print the header and the legend line.")
     var noLegend = false
 
+    @Flag(name: .customLong("no-pager"), help: "Do not pipe the output into a pager.")
+    var noPager = false
+
     var mode: JSONMode { prettyJSON ? .pretty : json }
 
     func printJSON<T: Encodable>(_ value: T) throws {
@@ -42,24 +45,51 @@ struct OutputOptions: ParsableArguments {
 
     /// A table in the manner of systemd's tools: header, rows, then a legend line.
     func printTable(_ header: [String], _ rows: [[String]], legend: String) {
-        if !noLegend && !rows.isEmpty { printRow(header, widths(header, rows)) }
-        for row in rows { printRow(row, widths(header, rows)) }
+        page(table(header, rows, legend: legend))
+    }
+
+    func table(_ header: [String], _ rows: [[String]], legend: String) -> String {
+        var lines: [String] = []
+        let widths = header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max() ?? 0 }
+        func row(_ cells: [String]) -> String {
+            cells.enumerated().map { i, cell in
+                i == cells.count - 1 ? cell : cell.padding(toLength: widths[i] + 1, withPad: " ", startingAt: 0)
+            }.joined()
+        }
+        if !noLegend && !rows.isEmpty { lines.append(row(header)) }
+        lines += rows.map(row)
         if !noLegend {
-            if !rows.isEmpty { print() }
-            print(legend)
+            if !rows.isEmpty { lines.append("") }
+            lines.append(legend)
         }
+        return lines.joined(separator: "\n")
     }
 
-    private func widths(_ header: [String], _ rows: [[String]]) -> [Int] {
-        header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max() ?? 0 }
-    }
-
-    private func printRow(_ cells: [String], _ widths: [Int]) {
-        var line = ""
-        for (i, cell) in cells.enumerated() {
-            line += i == cells.count - 1 ? cell : cell.padding(toLength: widths[i] + 1, withPad: " ", startingAt: 0)
+    /// Like systemd's tools: on a terminal, output taller than the screen goes through
+    /// `$PAGER` (default `less -FRX`), unless --no-pager or `$SYSTEMD_PAGER=cat`.
+    func page(_ text: String) {
+        let environment = ProcessInfo.processInfo.environment
+        let pager = environment["DRAGCTL_PAGER"] ?? environment["SYSTEMD_PAGER"] ?? environment["PAGER"] ?? "less -FRX"
+        var size = winsize()
+        let rows = ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0 ? Int(size.ws_row) : 0
+        guard !noPager, isatty(STDOUT_FILENO) == 1, rows > 0, text.split(separator: "\n").count >= rows,
+              !pager.isEmpty, pager != "cat" else {
+            print(text)
+            return
         }
-        print(line)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", pager]
+        let input = Pipe()
+        process.standardInput = input
+        do {
+            try process.run()
+            input.fileHandleForWriting.write(Data((text + "\n").utf8))
+            try? input.fileHandleForWriting.close()
+            process.waitUntilExit()
+        } catch {
+            print(text)
+        }
     }
 }
 
@@ -197,15 +227,13 @@ struct Log: AsyncParsableCommand {
             throw fail("Failed to read the transfer log: \(error)")
         }
         if output.mode != .off { return try output.printJSON(report) }
-        output.printTable(
+        output.page(output.table(
             ["SESSION", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
             report.sessions.map { [$0.sessionID, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
-            legend: "\(plural(report.sessions.count, "session")) listed.")
-        print()
-        output.printTable(
+            legend: "\(plural(report.sessions.count, "session")) listed.") + "\n\n" + output.table(
             ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
-            legend: "\(plural(report.loads.count, "load")) listed.")
+            legend: "\(plural(report.loads.count, "load")) listed."))
     }
 }
 
@@ -395,12 +423,12 @@ struct Stats: AsyncParsableCommand {
             throw fail("Failed to read the transfer log: \(error)")
         }
         if output.mode != .off { return try output.printJSON(report) }
-        for (title, totals) in [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
-                                ("TYPE", report.byType), ("OUTCOME", report.byOutcome)] {
-            output.printTable([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
-                              legend: "\(plural(totals.count, "entry")) listed.".replacingOccurrences(of: "entrys", with: "entries"))
-            print()
+        let tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
+                      ("TYPE", report.byType), ("OUTCOME", report.byOutcome)].map { title, totals in
+            output.table([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
+                         legend: "\(totals.count) \(totals.count == 1 ? "entry" : "entries") listed.")
         }
+        output.page(tables.joined(separator: "\n\n") + "\n")
     }
 }
 

@@ -88,6 +88,23 @@ final class DragctlTests: XCTestCase {
         XCTAssertEqual(badTime.status, 64)
         XCTAssertTrue(badTime.err.joined().contains("--since: 'yesterday-ish' is not a time"), badTime.err.joined())
 
+        // On a terminal shorter than the output, the log goes through the pager, as with systemd's tools.
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("python/pty_capture.py").path
+        func onTerminal(_ arguments: [String]) throws -> String {
+            let child = try Child(executable: URL(fileURLWithPath: "/usr/bin/python3"),
+                                  arguments: [script, "10", "loads listed.", productsDirectory.appendingPathComponent("dragctl").path] + arguments,
+                                  environment: ["PATH": "/usr/bin:/bin", "ROWS": "5", "DRAGCTL_PAGER": "sed 's/^/PAGED:/'"])
+            child.process.waitUntilExit()
+            usleep(20_000)
+            return child.stdout.text
+        }
+        let paged = try onTerminal(["log"] + state)
+        XCTAssertTrue(paged.contains("PAGED:3 loads listed."), paged)
+        let unpaged = try onTerminal(["log", "--no-pager"] + state)
+        XCTAssertFalse(unpaged.contains("PAGED:"), unpaged)
+        XCTAssertTrue(unpaged.contains("3 loads listed."), unpaged)
+
         let stats = try dragctl(world, ["stats"] + state)
         XCTAssertEqual(Array(stats.out[0...3]), [
             "SOURCE APP\(String(repeating: " ", count: max(source.executable.path.count - 9, 1)))LOADS BYTES",
