@@ -308,4 +308,16 @@ final class TransferTests: XCTestCase {
         let refusal = try world.daemon.waitForLog { try $0.refusals().first }
         XCTAssertEqual(refusal.errorName, BrokerErrorCode.failed.busName)
     }
+
+    /// A daemon killed outright loses no record it had committed: SQLite in WAL mode.
+    func testACrashLosesNoCommittedRecord() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, #"{"type":"text/plain","text":"kept"}"#)
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 4 \(Data("kept".utf8).base64EncodedString())")
+        let before = try world.daemon.waitForLog { try $0.loads().first }
+        world.daemon.kill(SIGKILL)
+        let after = try TransferLog.openReadOnly(path: world.daemon.transferLogPath).loads()
+        XCTAssertEqual(after, [before])
+        _ = source
+    }
 }
