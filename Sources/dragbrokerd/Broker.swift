@@ -153,8 +153,21 @@ final class Broker {
 
     // MARK: Audit of refusals
 
+    /// Refusals recorded per connection before the rest are only counted: a client cannot
+    /// grow the log without bound by asking for what it may not have.
+    static let refusalsRecordedPerConnection = 1000
+    private var refusalCounts: [String: Int] = [:]
+
     /// Records a refusal beside the transfers: who asked, for what, and why.
     func recordRefusal(_ error: BrokerError, sender: String, action: String, session: Session?, subject: String?) {
+        let count = refusalCounts[sender, default: 0] + 1
+        refusalCounts[sender] = count
+        if count > Self.refusalsRecordedPerConnection {
+            if count == Self.refusalsRecordedPerConnection + 1 {
+                logger.warning("Connection \(sender) was refused \(Self.refusalsRecordedPerConnection) times; further refusals are not recorded one by one")
+            }
+            return
+        }
         let identity = identities.known(sender)
         let record = RefusalRecord(
             at: Date(), app: identity?.appID ?? sender, uid: Int64(identity?.uid ?? 0), pid: Int64(identity?.pid ?? 0),
@@ -383,6 +396,9 @@ final class Broker {
     private func peerVanished(_ uniqueName: String) {
         identities.forget(uniqueName)
         monitors.remove(uniqueName)
+        if let count = refusalCounts.removeValue(forKey: uniqueName), count > Self.refusalsRecordedPerConnection {
+            logger.notice("Connection \(uniqueName) left after \(count) refusals, \(count - Self.refusalsRecordedPerConnection) of them not recorded")
+        }
         for session in Array(sessions.values) {
             if session.source.uniqueName == uniqueName {
                 end(session, outcome: "source-disconnected",

@@ -324,6 +324,24 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(error, BrokerError(.accessDenied, "Session s2's properties are for its parties").busError)
     }
 
+    /// A client cannot grow the audit log without bound by asking for what it may not have.
+    func testRefusalsRecordedPerConnectionAreBounded() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let (_, path) = try source.begin(EndToEndTests.helloDrag)
+        let probe = try BusProbe(address: world.bus.address)
+        for _ in 0..<1010 {
+            XCTAssertEqual(probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "GetItems").errorName,
+                           BrokerErrorCode.accessDenied.busName)
+        }
+        XCTAssertNotNil(world.daemon.stderr.take { $0.contains("was refused 1000 times; further refusals are not recorded one by one") })
+        let count = try world.daemon.waitForLog { log -> Int? in
+            let n = try log.refusals(limit: 5000).count
+            return n >= 1000 ? n : nil
+        }
+        XCTAssertEqual(count, 1000)
+    }
+
     func testIdentityCannotBeClaimed() throws {
         let world = try World { Self.registry($0) }
         // A stranger names itself after a registered app, and asks for options that do not exist.

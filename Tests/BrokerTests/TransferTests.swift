@@ -188,14 +188,19 @@ final class TransferTests: XCTestCase {
             XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
             usleep(100_000)
             destination.kill()
-            XCTAssertNotNil(source.stdout.take { $0.hasPrefix("EVENT loadFinished 1 ") && $0.hasSuffix(BrokerErrorCode.disconnected.busName) })
+            // A dead destination's pipe may close before the bus reports its connection gone:
+            // the load then ends as the destination closing its end, the session as a disconnect.
+            let finished = source.stdout.take { $0.hasPrefix("EVENT loadFinished 1 ") }
+            XCTAssertTrue(finished?.hasSuffix(BrokerErrorCode.disconnected.busName) == true
+                          || finished?.hasSuffix(BrokerErrorCode.cancelled.busName) == true, finished ?? "no loadFinished")
             XCTAssertTrue(source.waitFor("EVENT ended copy \(BrokerErrorCode.disconnected.busName)"))
         }
         let outcomes = try world.daemon.waitForLog { log -> [String]? in
             let loads = try log.loads()
             return loads.count == 2 ? loads.map(\.outcome) : nil
         }
-        XCTAssertEqual(outcomes, ["disconnected", "disconnected"])
+        XCTAssertEqual(outcomes.last, "disconnected", "the source's death")
+        XCTAssertTrue(["disconnected", "cancelled"].contains(outcomes.first!), "\(outcomes)")
     }
 
     func testAPolicySizeLimitStopsTheStream() throws {

@@ -110,7 +110,7 @@ extension Broker {
                     load.providerAnswered = true
                     if load.dataEnded { finishLoad(load, in: session, error: nil) }
                 case .failure(let error):
-                    finishLoad(load, in: session, error: Self.providerError(error))
+                    finishLoad(load, in: session, error: Self.providerError(error, source: session.source))
                 }
             }
         } catch {
@@ -145,7 +145,7 @@ extension Broker {
                         finishLoad(load, in: session, error: failure)
                     }
                 case .failure(let error):
-                    let failure = Self.providerError(error)
+                    let failure = Self.providerError(error, source: session.source)
                     reply(.failure(failure))
                     finishLoad(load, in: session, error: failure)
                 }
@@ -201,9 +201,15 @@ extension Broker {
         return (fresh, UInt64(info.st_size))
     }
 
-    static func providerError(_ error: BusError) -> BrokerError {
+    static func providerError(_ error: BusError, source: AppIdentity) -> BrokerError {
         if let code = BrokerErrorCode(busName: error.name), code == .cancelled {
             return BrokerError(.cancelled, "The source cancelled the load: \(error.message)")
+        }
+        // The bus answers for a source that died with the call pending; say so the way the
+        // session's end will, whichever of the two the daemon hears first.
+        if ["org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.ServiceUnknown",
+            "org.freedesktop.DBus.Error.NameHasNoOwner", "org.freedesktop.DBus.Error.Disconnected"].contains(error.name) {
+            return BrokerError(.disconnected, "The source app \(source.appID) disconnected")
         }
         return BrokerError(.providerFailed, "The source failed to provide the data: \(error.name): \(error.message)")
     }
