@@ -108,37 +108,87 @@ public struct InterfaceImplementation {
     }
 }
 
-/// One interface exported at one path: owns the vtable memory and the slot that registers it.
-/// Dropping it unregisters the object.
-public final class ExportedObject: @unchecked Sendable {
-    public let path: String
-    public let interface: InterfaceDescription
-    private let implementation: InterfaceImplementation
-    private unowned let bus: Bus
-    private var vtable: UnsafeMutablePointer<sd_bus_vtable>?
-    private var cStrings: [UnsafeMutablePointer<CChar>] = []
-    private var slot: OpaquePointer?
+/// The handlers of one exported object, reached from sd-bus callbacks through `userdata`.
+public final class ObjectHandlers: @unchecked Sendable {
+    let implementation: InterfaceImplementation
+    unowned let bus: Bus
 
-    init(bus: Bus, path: String, interface: InterfaceDescription, implementation: InterfaceImplementation) throws(BusError) {
-        self.bus = bus
-        self.path = path
-        self.interface = interface
+    init(implementation: InterfaceImplementation, bus: Bus) {
         self.implementation = implementation
+        self.bus = bus
+    }
+
+    fileprivate func dispatch(_ message: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+        guard let member = message.member, let handler = implementation.methods[member] else {
+            return BusError(name: "org.freedesktop.DBus.Error.UnknownMethod", message: "Unknown method").fill(error)
+        }
+        let call = MethodCall(message: message, bus: bus)
+        do {
+            try handler(call)
+            return 1
+        } catch let failure {
+            if call.answered { return 1 }
+            return failure.fill(error)
+        }
+    }
+
+    fileprivate func get(_ name: String, _ reply: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+        guard let getter = implementation.properties[name] else {
+            return BusError(name: "org.freedesktop.DBus.Error.UnknownProperty", message: "Unknown property \(name)").fill(error)
+        }
+        do {
+            try getter(reply)
+            return 1
+        } catch let failure {
+            return failure.fill(error)
+        }
+    }
+}
+
+/// An sd-bus vtable built from a description, with the C strings it points to. The method
+/// and property trampolines find their `ObjectHandlers` in `userdata`.
+final class VTable {
+    private(set) var table: UnsafeMutablePointer<sd_bus_vtable>?
+    private var cStrings: [UnsafeMutablePointer<CChar>] = []
+
+    init(_ interface: InterfaceDescription, implementation: InterfaceImplementation) {
         for method in interface.methods where implementation.methods[method.name] == nil {
             preconditionFailure("\(interface.name).\(method.name) has no handler")
         }
         for property in interface.properties where implementation.properties[property.name] == nil {
             preconditionFailure("\(interface.name).\(property.name) has no getter")
         }
-        buildVTable()
-        let r = sd_bus_add_object_vtable(bus.handle, &slot, path, interface.name, vtable,
-                                         Unmanaged.passUnretained(self).toOpaque())
-        try check(r, "exporting \(interface.name) at \(path)")
+        var entries: [sd_bus_vtable] = [shim_vtable_start(0)]
+        for method in interface.methods {
+            entries.append(shim_vtable_method(
+                keep(method.name),
+                keep(method.input.map(\.signature).joined()),
+                keep(method.output.map(\.signature).joined()),
+                keepNames(method.input + method.output),
+                { m, userdata, error in
+                    Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue().dispatch(Message(borrowing: m!), error)
+                },
+                // Authorisation is the daemon's own, per caller identity, not sd-bus's UID check.
+                shim_vtable_flag_unprivileged()))
+        }
+        for property in interface.properties {
+            let flags = property.change == .constant ? shim_vtable_flag_property_const() : shim_vtable_flag_property_emits_change()
+            entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, _, _, name, reply, userdata, error in
+                Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue().get(String(cString: name!), Message(borrowing: reply!), error)
+            }, flags))
+        }
+        for signal in interface.signals {
+            entries.append(shim_vtable_signal(keep(signal.name), keep(signal.arguments.map(\.signature).joined()),
+                                              keepNames(signal.arguments), 0))
+        }
+        entries.append(shim_vtable_end())
+        let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: entries.count)
+        table.initialize(from: entries, count: entries.count)
+        self.table = table
     }
 
     deinit {
-        sd_bus_slot_unref(slot)
-        vtable?.deallocate()
+        table?.deallocate()
         cStrings.forEach { free($0) }
     }
 
@@ -160,63 +210,81 @@ public final class ExportedObject: @unchecked Sendable {
         cStrings.append(p)
         return p
     }
+}
 
-    private func buildVTable() {
-        var entries: [sd_bus_vtable] = [shim_vtable_start(0)]
-        for method in interface.methods {
-            entries.append(shim_vtable_method(
-                keep(method.name),
-                keep(method.input.map(\.signature).joined()),
-                keep(method.output.map(\.signature).joined()),
-                keepNames(method.input + method.output),
-                { m, userdata, error in
-                    let object = Unmanaged<ExportedObject>.fromOpaque(userdata!).takeUnretainedValue()
-                    return object.dispatch(Message(borrowing: m!), error)
-                },
-                // Authorisation is the daemon's own, per caller identity, not sd-bus's UID check.
-                shim_vtable_flag_unprivileged()))
-        }
-        for property in interface.properties {
-            let flags = property.change == .constant ? shim_vtable_flag_property_const() : shim_vtable_flag_property_emits_change()
-            entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, _, _, name, reply, userdata, error in
-                let object = Unmanaged<ExportedObject>.fromOpaque(userdata!).takeUnretainedValue()
-                return object.get(String(cString: name!), Message(borrowing: reply!), error)
-            }, flags))
-        }
-        for signal in interface.signals {
-            entries.append(shim_vtable_signal(keep(signal.name), keep(signal.arguments.map(\.signature).joined()),
-                                              keepNames(signal.arguments), 0))
-        }
-        entries.append(shim_vtable_end())
-        let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: entries.count)
-        table.initialize(from: entries, count: entries.count)
-        vtable = table
+/// One interface exported at one path. Dropping it unregisters the object.
+public final class ExportedObject: @unchecked Sendable {
+    public let path: String
+    public let interface: InterfaceDescription
+    private let handlers: ObjectHandlers
+    private let vtable: VTable
+    private var slot: OpaquePointer?
+
+    init(bus: Bus, path: String, interface: InterfaceDescription, implementation: InterfaceImplementation) throws(BusError) {
+        self.path = path
+        self.interface = interface
+        handlers = ObjectHandlers(implementation: implementation, bus: bus)
+        vtable = VTable(interface, implementation: implementation)
+        let r = sd_bus_add_object_vtable(bus.handle, &slot, path, interface.name, vtable.table,
+                                         Unmanaged.passUnretained(handlers).toOpaque())
+        try check(r, "exporting \(interface.name) at \(path)")
     }
 
-    private func dispatch(_ message: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
-        guard let member = message.member, let handler = implementation.methods[member] else {
-            return BusError(name: "org.freedesktop.DBus.Error.UnknownMethod", message: "Unknown method").fill(error)
-        }
-        let call = MethodCall(message: message, bus: bus)
-        do {
-            try handler(call)
+    deinit { sd_bus_slot_unref(slot) }
+}
+
+/// One interface served for a family of objects under a prefix, which exist per caller:
+/// `find` decides whether the path exists for the calling peer (nil while emitting our own
+/// signals), and `enumerate` which children each peer sees in introspection and
+/// ObjectManager. What a peer may not see does not exist for it.
+public final class ExportedSubtree: @unchecked Sendable {
+    public typealias Find = (_ path: String, _ caller: String?) -> ObjectHandlers?
+    public typealias Enumerate = (_ caller: String?) -> [String]
+    private let vtable: VTable
+    private let find: Find
+    private let enumerate: Enumerate
+    private unowned let bus: Bus
+    private var vtableSlot: OpaquePointer?
+    private var enumeratorSlot: OpaquePointer?
+
+    init(bus: Bus, prefix: String, interface: InterfaceDescription, template: InterfaceImplementation,
+         find: @escaping Find, enumerate: @escaping Enumerate) throws(BusError) {
+        self.bus = bus
+        self.find = find
+        self.enumerate = enumerate
+        vtable = VTable(interface, implementation: template)
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        var r = sd_bus_add_fallback_vtable(bus.handle, &vtableSlot, prefix, interface.name, vtable.table, { bus, path, _, userdata, found, _ in
+            let subtree = Unmanaged<ExportedSubtree>.fromOpaque(userdata!).takeUnretainedValue()
+            guard let handlers = subtree.find(String(cString: path!), subtree.currentCaller) else { return 0 }
+            found!.pointee = Unmanaged.passUnretained(handlers).toOpaque()
             return 1
-        } catch let failure {
-            if call.answered { return 1 }
-            return failure.fill(error)
-        }
+        }, me)
+        try check(r, "exporting \(interface.name) under \(prefix)")
+        r = sd_bus_add_node_enumerator(bus.handle, &enumeratorSlot, prefix, { _, _, userdata, nodes, _ in
+            let subtree = Unmanaged<ExportedSubtree>.fromOpaque(userdata!).takeUnretainedValue()
+            let paths = subtree.enumerate(subtree.currentCaller)
+            // sd-bus frees the array and its strings with free(3), so both come from malloc(3).
+            let size = MemoryLayout<UnsafeMutablePointer<CChar>?>.stride * (paths.count + 1)
+            guard let raw = malloc(size) else { return -ENOMEM }
+            let array = raw.bindMemory(to: UnsafeMutablePointer<CChar>?.self, capacity: paths.count + 1)
+            for (i, path) in paths.enumerated() { array[i] = strdup(path) }
+            array[paths.count] = nil
+            nodes!.pointee = array
+            return 1
+        }, me)
+        try check(r, "enumerating \(prefix)")
     }
 
-    private func get(_ name: String, _ reply: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
-        guard let getter = implementation.properties[name] else {
-            return BusError(name: "org.freedesktop.DBus.Error.UnknownProperty", message: "Unknown property \(name)").fill(error)
-        }
-        do {
-            try getter(reply)
-            return 1
-        } catch let failure {
-            return failure.fill(error)
-        }
+    /// The peer whose message sd-bus is handling, if any.
+    private var currentCaller: String? {
+        guard let message = sd_bus_get_current_message(bus.handle) else { return nil }
+        return sd_bus_message_get_sender(message).map { String(cString: $0) }
+    }
+
+    deinit {
+        sd_bus_slot_unref(enumeratorSlot)
+        sd_bus_slot_unref(vtableSlot)
     }
 }
 
@@ -225,5 +293,17 @@ extension Bus {
     public func export(path: String, interface: InterfaceDescription,
                        implementation: InterfaceImplementation) throws(BusError) -> ExportedObject {
         try ExportedObject(bus: self, path: path, interface: interface, implementation: implementation)
+    }
+
+    /// Serves `interface` for objects under `prefix` that exist per caller (see `ExportedSubtree`).
+    /// `template` only fixes the member table; each object's handlers come from `find`.
+    public func exportSubtree(prefix: String, interface: InterfaceDescription, template: InterfaceImplementation,
+                              find: @escaping ExportedSubtree.Find, enumerate: @escaping ExportedSubtree.Enumerate) throws(BusError) -> ExportedSubtree {
+        try ExportedSubtree(bus: self, prefix: prefix, interface: interface, template: template, find: find, enumerate: enumerate)
+    }
+
+    /// The handlers for one object of a subtree; keep them alive as long as the object exists.
+    public func handlers(for implementation: InterfaceImplementation) -> ObjectHandlers {
+        ObjectHandlers(implementation: implementation, bus: self)
     }
 }

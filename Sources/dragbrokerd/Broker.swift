@@ -23,6 +23,7 @@ final class Broker {
     private var objectManager: Slot?
     private var peerWatch: Slot?
     private var retiredSessions: Slot?
+    private var sessionObjects: ExportedSubtree?
     private(set) lazy var monitors = Monitors(broker: self)
     /// With `--exit-idle-time`, how long to stay up with no session, in microseconds.
     var idleExit: UInt64?
@@ -52,10 +53,23 @@ final class Broker {
     func start() throws(BusError) {
         objectManager = try bus.addObjectManager(path: BrokerNames.managerPath)
         manager = try ManagerObject(broker: self)
-        // A call on a session that has ended gets a broker error, not sd-bus's UnknownObject.
-        retiredSessions = try bus.addFallback(prefix: BrokerNames.sessionPath(id: "").dropLast().description) { [unowned self] call in
-            guard call.message.interface == BrokerNames.sessionInterface, let path = call.message.path,
-                  !sessions.values.contains(where: { $0.path == path }) else { return false }
+        let sessionsPrefix = BrokerNames.sessionPath(id: "").dropLast().description
+        // Session objects exist per caller: a restricted session is no object at all for
+        // another app, not in introspection, not in ObjectManager, not to call.
+        sessionObjects = try bus.exportSubtree(
+            prefix: sessionsPrefix, interface: BrokerInterfaces.session, template: SessionObject.template,
+            find: { [unowned self] path, caller in
+                guard let session = sessions.values.first(where: { $0.path == path }), isAddressable(session, by: caller) else { return nil }
+                return session.object?.handlers
+            },
+            enumerate: { [unowned self] caller in
+                sessions.values.filter { isListed($0, to: caller) }.map(\.path).sorted()
+            })
+        // A call on a session that ended, or that does not exist for the caller, gets a broker
+        // error, not sd-bus's UnknownObject.
+        retiredSessions = try bus.addFallback(prefix: sessionsPrefix) { [unowned self] call in
+            guard call.message.interface == BrokerNames.sessionInterface, let path = call.message.path else { return false }
+            if let session = sessions.values.first(where: { $0.path == path }), isAddressable(session, by: call.sender) { return false }
             call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
             return true
         }
@@ -65,6 +79,23 @@ final class Broker {
                   name.hasPrefix(":"), newOwner.isEmpty else { return }
             peerVanished(name)
         }
+    }
+
+    /// Whether `caller` may address the session's object at all: a restricted session exists
+    /// only for its own app. Our own emissions have no caller.
+    private func isAddressable(_ session: Session, by caller: String?) -> Bool {
+        guard session.options.restrictedToApp, let caller else { return true }
+        guard let identity = try? identity(ofName: caller) else { return false }
+        return identity.isSameApp(as: session.source)
+    }
+
+    /// Whether the session's object shows among the manager's children for `caller`: to
+    /// its parties and to those who may inspect it, as ListSessions decides.
+    private func isListed(_ session: Session, to caller: String?) -> Bool {
+        guard let caller else { return true }
+        if caller == session.source.uniqueName || session.destinations[caller] != nil { return true }
+        guard let identity = try? identity(ofName: caller) else { return false }
+        return ManagerObject.mayInspect(session, identity)
     }
 
     /// Ends every session with a reason and flushes the transfer log.
@@ -192,11 +223,7 @@ final class Broker {
         nextSessionNumber += 1
         let session = Session(id: id, token: try Self.randomToken(), source: source, providerPath: providerPath,
                               items: items, options: options)
-        do {
-            session.object = try SessionObject(broker: self, session: session)
-        } catch {
-            throw BrokerError(.failed, "Failed to export session \(id): \(error.message)")
-        }
+        session.object = SessionObject(broker: self, session: session)
         sessions[id] = session
         // ObjectManager signals are broadcast: a restricted session must not announce itself.
         if !options.restrictedToApp { try? bus.emitObjectAdded(path: session.path) }

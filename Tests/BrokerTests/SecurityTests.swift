@@ -305,9 +305,10 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(destination.run("present \(token)"), err(.notFound, "No live session has this token"))
     }
 
-    /// A restricted session's properties are refused to other apps, and it announces nothing
-    /// in broadcast signals; an unrestricted one answers an operator of the same user.
-    func testRestrictedSessionPropertiesAreNotReadableByOtherApps() throws {
+    /// A restricted session is no object at all for another app: not among the manager's
+    /// children, no properties, no methods; an unrestricted one answers an operator of the
+    /// same user, and the source sees both.
+    func testRestrictedSessionsAreNoObjectForOtherApps() throws {
         let world = try World { Self.registry($0) }
         let source = try world.peer("source-app")
         let (_, open) = try source.begin(EndToEndTests.helloDrag)
@@ -321,7 +322,15 @@ final class SecurityTests: XCTestCase {
         }
         XCTAssertEqual(sourceApp(open).errorName, "OK")
         guard case .failure(let error) = sourceApp(restricted) else { return XCTFail("a restricted session's source app was readable") }
-        XCTAssertEqual(error, BrokerError(.accessDenied, "Session s2's properties are for its parties").busError)
+        XCTAssertEqual(error.name, "org.freedesktop.DBus.Error.UnknownProperty")
+        let children = try probe.introspect(BrokerNames.busName, BrokerNames.managerPath + "/session")
+        XCTAssertTrue(children.contains("<node name=\"s1\"/>"), children)
+        XCTAssertFalse(children.contains("s2"), children)
+        let call = probe.call(BrokerNames.busName, restricted, BrokerNames.sessionInterface, "GetItems")
+        guard case .failure(let callError) = call else { return XCTFail("a restricted session answered another app") }
+        XCTAssertEqual(callError, BrokerError(.notFound, "No live session at \(restricted): it ended or never existed").busError)
+        // The source itself still reaches it.
+        XCTAssertEqual(source.run("cancel"), "OK")
     }
 
     /// A client cannot grow the audit log without bound by asking for what it may not have.

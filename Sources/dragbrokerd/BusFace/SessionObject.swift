@@ -8,14 +8,22 @@ import Glibc
 final class SessionObject {
     private unowned let broker: Broker
     private unowned let session: Session
-    private var exported: ExportedObject?
+    /// What sd-bus calls for this session's path, found through the broker's session subtree.
+    private(set) var handlers: ObjectHandlers?
 
-    init(broker: Broker, session: Session) throws(BusError) {
+    /// The member table the subtree is built from; each session supplies its own handlers.
+    static var template: InterfaceImplementation {
+        let refuse: InterfaceImplementation.MethodHandler = { _ throws(BusError) in throw BrokerError.notFound("No such session").busError }
+        let none: InterfaceImplementation.PropertyGetter = { _ throws(BusError) in throw BrokerError.notFound("No such session").busError }
+        return InterfaceImplementation(
+            methods: Dictionary(uniqueKeysWithValues: BrokerInterfaces.session.methods.map { ($0.name, refuse) }),
+            properties: Dictionary(uniqueKeysWithValues: BrokerInterfaces.session.properties.map { ($0.name, none) }))
+    }
+
+    init(broker: Broker, session: Session) {
         self.broker = broker
         self.session = session
-        exported = try broker.bus.export(
-            path: session.path, interface: BrokerInterfaces.session,
-            implementation: InterfaceImplementation(
+        handlers = broker.bus.handlers(for: InterfaceImplementation(
                 methods: [
                     "GetItems": serve(broker, "GetItems", session: session) { [unowned self] in try getItems($0) },
                     "ConformingItems": serve(broker, "ConformingItems", session: session) { [unowned self] in try conformingItems($0) },
