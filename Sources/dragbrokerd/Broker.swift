@@ -157,19 +157,17 @@ final class Broker {
         logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
     }
 
-    /// Drops log records older than `RetentionDays=` (0 keeps everything), off the bus thread.
+    /// Drops log records older than `RetentionDays=` (0 keeps everything). Runs at start,
+    /// before the bus is served, and after a reload; not on a dispatch queue, whose thread
+    /// pool would keep a once-a-second monitor timer alive in an idle daemon.
     func applyRetention() {
         let days = policy.audit.retentionDays
         guard days > 0 else { return }
-        let log = transferLog
-        let logger = logger
-        DispatchQueue.global(qos: .utility).async {
-            do {
-                let removed = try log.prune(endedBefore: Date().addingTimeInterval(-Double(days) * 86_400))
-                if removed > 0 { logger.info("Removed \(removed) transfer log record(s) older than \(days) days") }
-            } catch {
-                logger.warning("Failed to apply the log's retention: \(error), ignoring")
-            }
+        do {
+            let removed = try transferLog.prune(endedBefore: Date().addingTimeInterval(-Double(days) * 86_400))
+            if removed > 0 { logger.info("Removed \(removed) transfer log record(s) older than \(days) days") }
+        } catch {
+            logger.warning("Failed to apply the log's retention: \(error), ignoring")
         }
     }
 
