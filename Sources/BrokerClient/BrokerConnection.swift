@@ -189,22 +189,13 @@ public actor BrokerConnection {
     /// Serves the broker's request for one data representation: the handler runs now, its
     /// bytes go into the pipe the broker passed, and the reply says whether it succeeded.
     private func provide(_ call: MethodCall) throws(BusError) {
-        guard call.sender == brokerName else {
-            throw BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError
-        }
-        let m = call.message
-        let sessionPath = try m.readObjectPath()
-        let item = try m.readUInt32()
-        let type = try m.readString()
-        let load = try m.readUInt32()
-        let fd = try m.readFileDescriptor()
+        let (sessionPath, item, type, load) = try loadRequest(call)
+        let fd = try call.message.readFileDescriptor()
         guard let provision = provision(sessionPath, item, type) else {
             close(fd)
             throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
         }
-        if case .source(let session) = routes[sessionPath]?.role {
-            session.noteLoadRequested(load: load, item: Int(item), type: type)
-        }
+        noteLoadRequested(sessionPath, load, item, type)
         let pending = PendingReply(call)
         let task = Task {
             let failure: BrokerError?
@@ -239,20 +230,11 @@ public actor BrokerConnection {
 
     /// Serves a file representation: the reply carries the descriptor, which sd-bus duplicates.
     private func provideFile(_ call: MethodCall) throws(BusError) {
-        guard call.sender == brokerName else {
-            throw BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError
-        }
-        let m = call.message
-        let sessionPath = try m.readObjectPath()
-        let item = try m.readUInt32()
-        let type = try m.readString()
-        let load = try m.readUInt32()
+        let (sessionPath, item, type, load) = try loadRequest(call)
         guard case .file(let handler) = provision(sessionPath, item, type) else {
             throw BrokerError(.notFound, "No file representation '\(type)' for item \(item)").busError
         }
-        if case .source(let session) = routes[sessionPath]?.role {
-            session.noteLoadRequested(load: load, item: Int(item), type: type)
-        }
+        noteLoadRequested(sessionPath, load, item, type)
         let pending = PendingReply(call)
         let task = Task {
             do {
@@ -265,6 +247,21 @@ public actor BrokerConnection {
             }
         }
         running[sessionPath, default: [:]][load] = task
+    }
+
+    /// The arguments both provider methods start with, from the broker only.
+    private func loadRequest(_ call: MethodCall) throws(BusError) -> (sessionPath: String, item: UInt32, type: String, load: UInt32) {
+        guard call.sender == brokerName else {
+            throw BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError
+        }
+        let m = call.message
+        return (try m.readObjectPath(), try m.readUInt32(), try m.readString(), try m.readUInt32())
+    }
+
+    private func noteLoadRequested(_ sessionPath: String, _ load: UInt32, _ item: UInt32, _ type: String) {
+        if case .source(let session) = routes[sessionPath]?.role {
+            session.noteLoadRequested(load: load, item: Int(item), type: type)
+        }
     }
 
     private func provision(_ sessionPath: String, _ item: UInt32, _ type: String) -> ItemProvider.Provision? {

@@ -10,48 +10,77 @@ enum DescriptorIO {
             defer { close(fd) }
             var data = Data()
             var buffer = [UInt8](repeating: 0, count: 1 << 16)
-            while true {
-                let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if n > 0 { data.append(contentsOf: buffer[0..<n]); continue }
-                if n == 0 { return data }
-                if errno == EINTR { continue }
-                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+            while case let n = try readSome(fd, &buffer), n > 0 {
+                data.append(contentsOf: buffer[0..<n])
             }
+            return data
         }
     }
 
     /// Writes all of `data` to `fd`, then closes it (the reader then sees end of file).
     static func write(_ data: Data, consuming fd: Int32) async throws {
-        try await offLoop {
-            defer { close(fd) }
-            try withoutSIGPIPE {
-              try data.withUnsafeBytes { raw in
-                var offset = 0
-                while offset < raw.count {
-                    let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
-                    if n > 0 { offset += n; continue }
-                    if n < 0 && errno == EINTR { continue }
-                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                }
-              }
-            }
-        }
+        defer { close(fd) }
+        try await writeAll(data, to: fd)
     }
 
     /// Writes all of `data` to `fd`, which stays open.
     static func writeAll(_ data: Data, to fd: Int32) async throws {
         try await offLoop {
             try withoutSIGPIPE {
-              try data.withUnsafeBytes { raw in
-                var offset = 0
-                while offset < raw.count {
-                    let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
-                    if n > 0 { offset += n; continue }
-                    if n < 0 && errno == EINTR { continue }
-                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                }
-              }
+                try data.withUnsafeBytes { try writeFully(fd, $0.baseAddress, $0.count) }
             }
+        }
+    }
+
+    /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),
+    /// then closes it. Returns the byte count.
+    static func readChunks(consuming fd: Int32, chunkSize: Int = 1 << 20, _ chunk: @escaping @Sendable (Data) throws -> Void) async throws -> UInt64 {
+        try await offLoop {
+            defer { close(fd) }
+            var total: UInt64 = 0
+            var buffer = [UInt8](repeating: 0, count: chunkSize)
+            while case let n = try readSome(fd, &buffer), n > 0 {
+                total += UInt64(n)
+                try chunk(Data(buffer[0..<n]))
+            }
+            return total
+        }
+    }
+
+    /// Copies `fd` to end of file into `output` from one reused buffer, then closes `fd`.
+    /// Returns the byte count.
+    static func copy(consuming fd: Int32, to output: Int32) async throws -> UInt64 {
+        try await offLoop {
+            defer { close(fd) }
+            return try withoutSIGPIPE {
+                var total: UInt64 = 0
+                var buffer = [UInt8](repeating: 0, count: 1 << 20)
+                while case let n = try readSome(fd, &buffer), n > 0 {
+                    try buffer.withUnsafeBytes { try writeFully(output, $0.baseAddress, n) }
+                    total += UInt64(n)
+                }
+                return total
+            }
+        }
+    }
+
+    /// One read(2) into `buffer`, retried on EINTR; 0 at end of file.
+    private static func readSome(_ fd: Int32, _ buffer: inout [UInt8]) throws -> Int {
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n >= 0 { return n }
+            if errno != EINTR { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        }
+    }
+
+    /// write(2) until all `count` bytes are out, retried on EINTR.
+    private static func writeFully(_ fd: Int32, _ base: UnsafeRawPointer?, _ count: Int) throws {
+        var offset = 0
+        while offset < count {
+            let n = Glibc.write(fd, base! + offset, count - offset)
+            if n > 0 { offset += n; continue }
+            if n < 0 && errno == EINTR { continue }
+            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
         }
     }
 
@@ -74,57 +103,6 @@ enum DescriptorIO {
             pthread_sigmask(SIG_SETMASK, &previous, nil)
         }
         return try body()
-    }
-
-    /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),
-    /// then closes it. Returns the byte count.
-    static func readChunks(consuming fd: Int32, chunkSize: Int = 1 << 20, _ chunk: @escaping @Sendable (Data) throws -> Void) async throws -> UInt64 {
-        try await offLoop {
-            defer { close(fd) }
-            var total: UInt64 = 0
-            var buffer = [UInt8](repeating: 0, count: chunkSize)
-            while true {
-                let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if n > 0 {
-                    total += UInt64(n)
-                    try chunk(Data(buffer[0..<n]))
-                    continue
-                }
-                if n == 0 { return total }
-                if errno == EINTR { continue }
-                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-            }
-        }
-    }
-
-    /// Copies `fd` to end of file into `output` from one reused buffer, then closes `fd`.
-    /// Returns the byte count.
-    static func copy(consuming fd: Int32, to output: Int32) async throws -> UInt64 {
-        try await offLoop {
-            defer { close(fd) }
-            return try withoutSIGPIPE {
-                var total: UInt64 = 0
-                var buffer = [UInt8](repeating: 0, count: 1 << 20)
-                while true {
-                    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                    if n == 0 { return total }
-                    if n < 0 {
-                        if errno == EINTR { continue }
-                        throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                    }
-                    try buffer.withUnsafeBytes { raw in
-                        var offset = 0
-                        while offset < n {
-                            let written = Glibc.write(output, raw.baseAddress! + offset, n - offset)
-                            if written > 0 { offset += written; continue }
-                            if written < 0 && errno == EINTR { continue }
-                            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                        }
-                    }
-                    total += UInt64(n)
-                }
-            }
-        }
     }
 
     private static func offLoop<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {

@@ -173,29 +173,22 @@ public struct SessionOptions: Sendable, Equatable, Codable {
 
     /// Unknown keys and wrongly typed values are refused, so a typo never silently weakens a session.
     public static func decode(from m: Message) throws(BrokerError) -> SessionOptions {
-        var options = SessionOptions()
+        let fields: [String: VariantValue]
         do {
-            _ = try m.enterContainer("a", "{sv}")
-            while try m.enterContainer("e", "sv") {
-                let key = try m.readString()
-                guard let (_, contents) = try m.peekType(), contents == "b" else {
-                    throw BrokerError.invalidArgument("Option '\(key)' must be a boolean (variant of type 'b')")
-                }
-                _ = try m.enterContainer("v", "b")
-                let value = try m.readBool()
-                try m.exitContainer()
-                try m.exitContainer()
-                switch key {
-                case "RestrictedToApp": options.restrictedToApp = value
-                case "AllowsMove": options.allowsMove = value
-                default: throw BrokerError.invalidArgument("Unknown session option '\(key)': expected RestrictedToApp or AllowsMove")
-                }
-            }
-            try m.exitContainer()
-        } catch let error as BrokerError {
-            throw error
+            fields = try m.readVariantDictionary()
         } catch {
             throw BrokerError.invalidArgument("Malformed options: \(error)")
+        }
+        var options = SessionOptions()
+        for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
+            guard let flag = value.bool else {
+                throw BrokerError.invalidArgument("Option '\(key)' must be a boolean (variant of type 'b')")
+            }
+            switch key {
+            case "RestrictedToApp": options.restrictedToApp = flag
+            case "AllowsMove": options.allowsMove = flag
+            default: throw BrokerError.invalidArgument("Unknown session option '\(key)': expected RestrictedToApp or AllowsMove")
+            }
         }
         return options
     }

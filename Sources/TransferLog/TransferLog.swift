@@ -224,14 +224,20 @@ public final class TransferLog: Sendable {
 }
 
 extension TransferLog {
+    public static let fileName = "transfers.sqlite"
+
+    /// The log's path in a given state directory (`--state-directory`, `$STATE_DIRECTORY`).
+    public static func path(inStateDirectory directory: String) -> String {
+        (directory as NSString).appendingPathComponent(fileName)
+    }
+
     /// Where the daemon keeps its log: `$DRAGBROKER_STATE_DIRECTORY` (e.g. set
     /// from systemd's `StateDirectory=`), then the XDG state directory.
     public static func defaultPath(
         environment: [String: String] = ProcessInfo.processInfo.environment
     ) -> String {
-        let fileName = "transfers.sqlite"
         if let directory = environment["DRAGBROKER_STATE_DIRECTORY"], !directory.isEmpty {
-            return (directory as NSString).appendingPathComponent(fileName)
+            return path(inStateDirectory: directory)
         }
         // The XDG spec says to ignore relative values.
         if let stateHome = environment["XDG_STATE_HOME"], stateHome.hasPrefix("/") {

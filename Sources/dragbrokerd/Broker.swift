@@ -11,7 +11,6 @@ import UniformTypes
 /// Confined to the event loop thread, as are all bus callbacks that reach it.
 final class Broker {
     let bus: Bus
-    private(set) var limits: Limits
     let logger: Logger
     let policyDirectory: String
     let types: MimeDatabase
@@ -35,7 +34,6 @@ final class Broker {
         self.bus = bus
         self.transferLog = transferLog
         self.identities = IdentityResolver(policy: policy)
-        self.limits = Limits(policy.limits)
         self.policyDirectory = policyDirectory
         self.types = types
         self.logger = logger
@@ -109,6 +107,7 @@ final class Broker {
     }
 
     var policy: Policy { identities.policy }
+    var limits: Limits { Limits(policy.limits) }
 
     /// The session count changed: tell the bus, systemd's status line, and the idle timer.
     func sessionsChanged() {
@@ -152,7 +151,6 @@ final class Broker {
             throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
         }
         identities.apply(policy)
-        limits = Limits(policy.limits)
         applyRetention()
         logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
     }

@@ -62,7 +62,7 @@ struct Options {
 func transferLogPath(_ options: Options) -> String {
     let environment = ProcessInfo.processInfo.environment
     if let directory = options.stateDirectory ?? environment["STATE_DIRECTORY"].flatMap({ $0.split(separator: ":").first.map(String.init) }) {
-        return directory + "/transfers.sqlite"
+        return TransferLog.path(inStateDirectory: directory)
     }
     return TransferLog.defaultPath(environment: environment)
 }

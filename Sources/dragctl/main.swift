@@ -93,6 +93,15 @@ struct OutputOptions: ParsableArguments {
     }
 }
 
+struct LogOptions: ParsableArguments {
+    @Option(help: "The state directory holding transfers.sqlite (default: $DRAGBROKER_STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker).")
+    var stateDirectory: String?
+
+    func open() throws -> TransferLog {
+        try TransferLog.openReadOnly(path: stateDirectory.map(TransferLog.path(inStateDirectory:)) ?? TransferLog.defaultPath())
+    }
+}
+
 struct BusOptions: ParsableArguments {
     @Option(help: "The bus address (default: $DRAGBROKER_BUS_ADDRESS, else the session bus).")
     var address: String?
@@ -174,8 +183,7 @@ struct ListSessions: AsyncParsableCommand {
 struct Log: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Show the transfer log: sessions and their loads, newest first.")
 
-    @Option(help: "The state directory holding transfers.sqlite (default: $DRAGBROKER_STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker).")
-    var stateDirectory: String?
+    @OptionGroup var location: LogOptions
 
     @Option(help: "Show at most this many records of each kind.")
     var limit: Int = 50
@@ -212,13 +220,12 @@ struct Log: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let path = stateDirectory.map { $0 + "/transfers.sqlite" } ?? TransferLog.defaultPath()
         let report: Report
         let filter = TransferLog.LoadFilter(since: since.flatMap(parseTime), until: until.flatMap(parseTime), app: app, team: team,
                                             type: type, outcome: outcome)
         let filtered = since != nil || until != nil || app != nil || team != nil || type != nil || outcome != nil
         do {
-            let log = try TransferLog.openReadOnly(path: path)
+            let log = try location.open()
             let loads = try log.loads(limit: limit, filter: filter)
             let ids = Set(loads.map(\.sessionID))
             let sessions = try log.sessions(limit: limit).filter { !filtered || ids.contains($0.sessionID) }
@@ -400,9 +407,7 @@ struct CancelLoad: AsyncParsableCommand {
 struct Stats: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Totals of the transfer log by app, type and outcome.")
 
-    @Option(help: "The state directory holding transfers.sqlite.")
-    var stateDirectory: String?
-
+    @OptionGroup var location: LogOptions
     @OptionGroup var output: OutputOptions
 
     struct Report: Encodable {
@@ -413,10 +418,9 @@ struct Stats: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let path = stateDirectory.map { $0 + "/transfers.sqlite" } ?? TransferLog.defaultPath()
         let report: Report
         do {
-            let log = try TransferLog.openReadOnly(path: path)
+            let log = try location.open()
             report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
                             byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"))
         } catch {
