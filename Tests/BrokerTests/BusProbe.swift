@@ -33,7 +33,12 @@ final class BusProbe: @unchecked Sendable {
             }
         }
         done.wait()
-        return box.result!
+        let result = box.result!
+        // The slot's reply closure holds the box: let go of both on the loop, where sd-bus lives,
+        // so the reply (and any descriptor it carries) is freed once the caller is done with it.
+        box.result = nil
+        loop.execute { box.slot = nil }
+        return result
     }
 
     func introspect(_ destination: String, _ path: String) throws -> String {

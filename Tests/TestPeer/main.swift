@@ -23,6 +23,8 @@ struct RepresentationSpec: Decodable {
     var size: Int?
     /// Makes the load handler fail with this message.
     var fail: String?
+    /// Makes the load handler give up as cancelled, with this message.
+    var cancel: String?
     /// Makes the load handler never return.
     var stall: Bool?
     /// "file": hand over a file: `file` says which kind (memfd, readonly, writable,
@@ -170,6 +172,9 @@ final class Peer: Sendable {
                 return "OK"
             case "conforming":
                 return "OK " + (try await lastDrop().items(conformingTo: rest)).map(String.init).joined(separator: ",")
+            case "monitor":
+                _ = try await connection.monitor()
+                return "OK"
             case "reload":
                 try await connection.reloadPolicy()
                 return "OK"
@@ -221,6 +226,7 @@ final class Peer: Sendable {
             for rep in itemSpec.reps {
                 let bytes = rep.text.map { Data($0.utf8) } ?? patternBytes(rep.size ?? 0)
                 let failure = rep.fail
+                let cancelled = rep.cancel
                 let stall = rep.stall ?? false
                 let type = rep.type
                 let visibility = rep.visibility ?? .all
@@ -252,6 +258,7 @@ final class Peer: Sendable {
                     provider.registerDataRepresentation(forTypeIdentifier: type, visibility: visibility) {
                         emit("HANDLER \(index) \(type)")
                         if let failure { throw BrokerError(.providerFailed, failure) }
+                        if let cancelled { throw BrokerError(.cancelled, cancelled) }
                         while stall { try await Task.sleep(for: .seconds(3600)) }
                         return bytes
                     }
@@ -332,6 +339,11 @@ func makeFile(_ kind: String, _ bytes: Data) throws -> FileDescriptor {
         return FileDescriptor(rawValue: fd)
     case "directory":
         return try FileDescriptor.open(directory.path, .readOnly)
+    case "pipe":
+        var ends: [Int32] = [-1, -1]
+        pipe(&ends)
+        close(ends[1])
+        return FileDescriptor(rawValue: ends[0])
     case "socket":
         var pair: [Int32] = [-1, -1]
         socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair)

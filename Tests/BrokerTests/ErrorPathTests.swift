@@ -1,0 +1,151 @@
+import BrokerProtocol
+import BusKit
+import Foundation
+import XCTest
+
+/// Every refusal a client can provoke, with its exact name and message.
+final class ErrorPathTests: XCTestCase {
+    func failure(_ result: Result<Message, BusError>) -> BusError? {
+        if case .failure(let error) = result { return error }
+        return nil
+    }
+
+    func begin(_ probe: BusProbe, items: Int = 1, kind: String = "data",
+               options: [(String, String, @Sendable (Message) throws(BusError) -> Void)] = []) -> Result<Message, BusError> {
+        probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "BeginSession") { m throws(BusError) in
+            try m.openContainer("a", ItemDescriptor.signature)
+            for _ in 0..<items {
+                try m.openContainer("r", "sdda(sss)")
+                try m.append("x")
+                try m.append(0.0)
+                try m.append(0.0)
+                try m.openContainer("a", "(sss)")
+                try m.openContainer("r", "sss")
+                try m.append("text/plain")
+                try m.append("all")
+                try m.append(kind)
+                try m.closeContainer()
+                try m.closeContainer()
+                try m.closeContainer()
+            }
+            try m.closeContainer()
+            try m.openContainer("a", "{sv}")
+            for (key, type, append) in options {
+                try m.openContainer("e", "sv")
+                try m.append(key)
+                try m.openContainer("v", type)
+                try append(m)
+                try m.closeContainer()
+                try m.closeContainer()
+            }
+            try m.closeContainer()
+            try m.append(objectPath: "/org/dragbroker/Provider1/p1")
+        }
+    }
+
+    func testArgumentsAndLimits() throws {
+        let world = try World { _ in "[Limits]\nItemsPerSession=2\nSessionsTotal=2\n" }
+        let probe = try BusProbe(address: world.bus.address)
+        XCTAssertEqual(failure(begin(probe, kind: "stream")),
+                       BrokerError(.invalidArgument, "Unknown kind 'stream' for type 'text/plain': expected data or file").busError)
+        XCTAssertEqual(failure(begin(probe, options: [("AllowsMove", "s", { m throws(BusError) in try m.append("yes") })])),
+                       BrokerError(.invalidArgument, "Option 'AllowsMove' must be a boolean (variant of type 'b')").busError)
+        XCTAssertEqual(failure(begin(probe, items: 3)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
+
+        let first = try begin(probe, items: 2).get()
+        let path = try first.readObjectPath()
+        let token = try first.readString()
+        let addItems = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "AddItems") { m throws(BusError) in
+            try m.openContainer("a", ItemDescriptor.signature)
+            try ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all)]).encode(to: m)
+            try m.closeContainer()
+        }
+        XCTAssertEqual(failure(addItems), BrokerError(.limitExceeded, "A session holds at most 2 items; session s1 has 2").busError)
+        XCTAssertEqual(begin(probe).errorName, "OK")
+        XCTAssertEqual(failure(begin(probe)), BrokerError(.limitExceeded, "The broker holds 2 sessions, its limit").busError)
+
+        // The probe is this session's source; a separate app presents the token.
+        let setSize = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "SetExpectedSize") { m throws(BusError) in
+            try m.append(UInt32(99))
+            try m.append(UInt64(1))
+        }
+        XCTAssertEqual(failure(setSize), BrokerError(.notFound, "No load 99 in session s1").busError)
+        let other = try BusProbe(address: world.bus.address)
+        XCTAssertEqual(other.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "PresentToken") { m throws(BusError) in
+            try m.append(token)
+        }.errorName, "OK")
+        let enter = other.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "Enter") { m throws(BusError) in try m.append("teleport") }
+        XCTAssertEqual(failure(enter),
+                       BrokerError(.invalidArgument, "Unknown proposal 'teleport': expected cancel, forbidden, copy or move").busError)
+        let cancel = other.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "Cancel")
+        XCTAssertEqual(failure(cancel), BrokerError(.accessDenied, "Only the source of session s1 may cancel it").busError)
+        let announce = other.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "SetExpectedSize") { m throws(BusError) in
+            try m.append(UInt32(1))
+            try m.append(UInt64(1))
+        }
+        XCTAssertEqual(failure(announce), BrokerError(.accessDenied, "Only the source of session s1 may announce a load's size").busError)
+        let cancelLoad = other.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "CancelLoad") { m throws(BusError) in
+            try m.append(UInt32(7))
+        }
+        XCTAssertEqual(failure(cancelLoad), BrokerError(.notFound, "No load 7 in flight in session s1").busError)
+    }
+
+    func testLoadsEndedByTheSourceOrABystanderOrAClosedPipe() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, path) = try source.begin("""
+            {"items":[{"reps":[{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20},\
+            {"type":"application/x-gives-up","cancel":"out of paper"},\
+            {"type":"application/x-pipe","kind":"file","file":"pipe"}]}]}
+            """)
+        _ = destination.run("present \(token)")
+        _ = destination.run("enter copy")
+        _ = destination.run("drop")
+        XCTAssertEqual(destination.run("load 0 application/x-gives-up"),
+                       err(.cancelled, "The source cancelled the load: out of paper"))
+        XCTAssertEqual(destination.run("loadfile 0 application/x-pipe"),
+                       err(.providerFailed, "The source handed over a pipe, not a file: use a data representation to stream"))
+
+        // A party that is neither the load's destination nor the source may not cancel it.
+        destination.send("load 0 application/x-slow")
+        XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-slow" })
+        let bystander = try BusProbe(address: world.bus.address)
+        _ = bystander.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "PresentToken") { m throws(BusError) in
+            try m.append(token)
+        }
+        let cancel = bystander.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "CancelLoad") { m throws(BusError) in
+            try m.append(UInt32(3))
+        }
+        XCTAssertEqual(failure(cancel),
+                       BrokerError(.accessDenied, "Only the load's destination, the session's source or an administrator may cancel load 3").busError)
+        XCTAssertEqual(source.run("cancelload 3"), "OK")
+        XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "The source cancelled load 3"))
+
+        // A destination that closes its end mid-stream: the source hears Cancelled.
+        let reader = try BusProbe(address: world.bus.address)
+        let (secondToken, secondPath) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20}]}]}"#)
+        _ = reader.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "PresentToken") { m throws(BusError) in
+            try m.append(secondToken)
+        }
+        _ = reader.call(BrokerNames.busName, secondPath, BrokerNames.sessionInterface, "Enter") { m throws(BusError) in try m.append("copy") }
+        _ = reader.call(BrokerNames.busName, secondPath, BrokerNames.sessionInterface, "PerformDrop")
+        // The reply owns the descriptor it carried: only our duplicate outlives this statement.
+        let pipe = try reader.call(BrokerNames.busName, secondPath, BrokerNames.sessionInterface, "Load") { m throws(BusError) in
+            try m.append(UInt32(0))
+            try m.append("application/x-slow")
+        }.get().readFileDescriptor()
+        close(pipe)
+        let record = try world.daemon.waitForLog { try $0.loads().first { $0.sessionID == "s2" } }
+        XCTAssertEqual(record.errorName, BrokerErrorCode.cancelled.busName)
+        XCTAssertEqual(record.outcome, "cancelled")
+    }
+
+    func testSandboxedAppsAreNoAdministrators() throws {
+        let world = try World()
+        let sandboxed = try world.peer("sandboxed-app", sandbox: .flatpak(appID: "org.example.Sandboxed"))
+        XCTAssertEqual(sandboxed.run("reload"),
+                       err(.accessDenied, "Only root or the user dragbrokerd runs as may reload the policy, from outside any sandbox"))
+        XCTAssertEqual(sandboxed.run("monitor"), err(.accessDenied, "A sandboxed app may not monitor other apps' drags"))
+    }
+}
