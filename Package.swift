@@ -24,9 +24,16 @@ let package = Package(
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
         ),
+        // Linux calls Swift cannot reach directly (variadic fcntl, splice, pidfd_open, …).
+        .systemLibrary(name: "CLinux"),
+        // The one file of raw system calls, shared by the bus layer, the daemon and the client.
+        .target(
+            name: "SystemCalls",
+            dependencies: ["CLinux", .product(name: "SystemPackage", package: "swift-system")]
+        ),
         .target(
             name: "BusKit",
-            dependencies: ["CSystemd"]
+            dependencies: ["CSystemd", "SystemCalls"]
         ),
         .target(
             name: "BrokerProtocol",
@@ -41,16 +48,14 @@ let package = Package(
         .target(
             name: "BrokerClient",
             dependencies: [
-                "BusKit", "CSystemd", "BrokerProtocol", "UniformTypes",
-                .product(name: "SystemPackage", package: "swift-system"),
+                "BusKit", "CSystemd", "BrokerProtocol", "UniformTypes", "SystemCalls",
             ]
         ),
         .executableTarget(
             name: "dragbrokerd",
             dependencies: [
-                "BusKit", "BrokerProtocol", "TransferLog", "BrokerPolicy", "UniformTypes",
+                "BusKit", "BrokerProtocol", "TransferLog", "BrokerPolicy", "UniformTypes", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         .executableTarget(
@@ -73,7 +78,7 @@ let package = Package(
         // A scriptable peer the end-to-end tests run as separate processes.
         .executableTarget(
             name: "dragbroker-testpeer",
-            dependencies: ["BrokerClient", "CSystemd", .product(name: "SystemPackage", package: "swift-system")],
+            dependencies: ["BrokerClient", "SystemCalls", .product(name: "SystemPackage", package: "swift-system")],
             path: "Tests/TestPeer"
         ),
         // `make bench`: broker vs plain pipe throughput, file handover, first byte, Update.
@@ -95,9 +100,11 @@ let package = Package(
         ),
         .testTarget(
             name: "TransferLogTests",
-            dependencies: ["TransferLog"]
+            dependencies: ["TransferLog", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .testTarget(name: "BrokerPolicyTests", dependencies: ["BrokerPolicy"]),
+        .testTarget(name: "BusKitTests", dependencies: ["BusKit"]),
+        .testTarget(name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol"]),
         .testTarget(
             name: "BrokerTests",
             dependencies: ["BusKit", "BrokerProtocol", "BrokerClient", "TransferLog", "BrokerPolicy", "UniformTypes",

@@ -1,22 +1,26 @@
 import BrokerProtocol
 import BusKit
 import Foundation
-import SystemPackage
+import SystemCalls
 
 /// A connection to dragbrokerd. Both roles start here: `beginDrag` for a source,
 /// `presentToken` for a destination.
 ///
 /// The connection runs its own event loop thread; the actor's executor is that loop, so
-/// bus callbacks and actor state meet on one thread without locks.
+/// bus callbacks and actor state meet on one thread without locks. Messages never leave
+/// that thread: every reply is decoded by the caller's `decode` closure there, signals are
+/// decoded into `SessionSignal`s there, and only the decoded values reach the sessions.
 public actor BrokerConnection {
     let loop: EventLoop
     let bus: Bus
     /// The broker's unique name: the only peer allowed to call our providers.
     private var brokerName = ""
+    /// What each drag's provider serves, by session path.
     private var providers: [String: ProviderExport] = [:]
     private var routes: [String: SessionRoute] = [:]
     private var nextProvider = 1
-    private var monitorSlot: Slot?
+    private var monitor: MonitorSubscription?
+    private var nextMonitor = 1
     /// Load handlers running for each session path, by load ID, so a cancel can stop them.
     private var running: [String: [UInt32: Task<Void, Never>]] = [:]
 
@@ -25,6 +29,12 @@ public actor BrokerConnection {
     private init(loop: EventLoop, bus: Bus) {
         self.loop = loop
         self.bus = bus
+    }
+
+    /// Runs on the loop whichever thread let go of the connection last, so the bus, its slots
+    /// and exported objects are released there; then the loop's thread ends.
+    isolated deinit {
+        loop.exit()
     }
 
     /// Connects to the bus at `address`, or to `$DRAGBROKER_BUS_ADDRESS`, or to the session bus.
@@ -56,43 +66,63 @@ public actor BrokerConnection {
 
     // MARK: Calls
 
-    func call(path: String, interface: String, member: String,
-              timeout: UInt64 = 0, _ build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) -> Message {
+    /// Calls a broker method. `build` appends the arguments and `decode` reads the reply, both
+    /// here on the loop, where the messages live: only the decoded value leaves.
+    func call<T: Sendable>(path: String, interface: String, member: String, timeout: UInt64 = 0,
+                           build: (Message) throws(BusError) -> Void = { _ in },
+                           decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        let reply: Message
         do {
             let message = try bus.newMethodCall(destination: brokerName, path: path, interface: interface, member: member)
             try build(message)
-            return try await bus.call(message, timeout: timeout)
+            reply = try await bus.call(message, timeout: timeout)
         } catch {
             throw BrokerError(error)
         }
-    }
-
-    func decode<T>(_ read: () throws(BusError) -> T) throws(BrokerError) -> T {
         do {
-            return try read()
+            return try decode(reply)
         } catch {
             throw BrokerError(.failed, "Malformed reply from the broker: \(error.message)")
         }
     }
 
+    /// Calls a broker method whose reply carries nothing to read.
+    func call(path: String, interface: String, member: String, timeout: UInt64 = 0,
+              build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+        try await call(path: path, interface: interface, member: member, timeout: timeout, build: build,
+                       decode: { _ throws(BusError) in })
+    }
+
+    private func callManager<T: Sendable>(_ member: String, build: (Message) throws(BusError) -> Void = { _ in },
+                                          decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: member,
+                       build: build, decode: decode)
+    }
+
+    private func callManager(_ member: String, build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+        try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: member, build: build)
+    }
+
     /// The live sessions, as an operator sees them.
     public func listSessions() async throws(BrokerError) -> [SessionSummary] {
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "ListSessions")
-        return try decode { () throws(BusError) in
+        try await callManager("ListSessions", decode: { reply throws(BusError) in
             var sessions: [SessionSummary] = []
             _ = try reply.enterContainer("a", SessionSummary.signature)
             while let summary = try SessionSummary.decode(from: reply) { sessions.append(summary) }
             try reply.exitContainer()
             return sessions
-        }
+        })
     }
 
-    /// Live events of every session this caller may inspect (`dragctl monitor`).
+    /// Live events of every session this caller may inspect (`dragctl monitor`). One stream
+    /// per connection: asking again ends the previous one.
     public func monitor() async throws(BrokerError) -> AsyncStream<MonitorEvent> {
         let (stream, continuation) = AsyncStream.makeStream(of: MonitorEvent.self)
+        let slot: Slot
         do {
-            monitorSlot = try bus.matchSignal(sender: brokerName, path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
-                                              member: "MonitorEvent") { m in
+            // Subscribed before asking, so no event falls between the two.
+            slot = try bus.matchSignal(sender: brokerName, path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
+                                       member: "MonitorEvent") { m in
                 guard let session = try? m.readString(), let event = try? m.readString(), let detail = try? m.readString(),
                       let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
                 continuation.yield(MonitorEvent(session: session, event: event, detail: detail, bytes: bytes, expected: expected))
@@ -100,49 +130,61 @@ public actor BrokerConnection {
         } catch {
             throw BrokerError(.failed, "Failed to subscribe to monitor events: \(error.message)")
         }
-        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "Monitor")
+        let generation = nextMonitor
+        nextMonitor += 1
+        monitor?.continuation.finish()
+        monitor = MonitorSubscription(generation: generation, slot: slot, continuation: continuation)
+        // A consumer that stops listening unsubscribes; the slot is dropped here, on the loop.
+        continuation.onTermination = { [weak self] _ in
+            Task { await self?.endMonitor(generation) }
+        }
+        do {
+            try await callManager("Monitor")
+        } catch {
+            endMonitor(generation)
+            throw error
+        }
         return stream
+    }
+
+    private func endMonitor(_ generation: Int) {
+        guard let current = monitor, current.generation == generation else { return }
+        monitor = nil
+        current.continuation.finish()
     }
 
     /// One session in detail, as an operator may see it.
     public func describeSession(_ id: String) async throws(BrokerError) -> SessionDetails {
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "DescribeSession") { m throws(BusError) in
-            try m.append(id)
-        }
-        return try decode { () throws(BusError) in try SessionDetails.decode(from: reply) }
+        try await callManager("DescribeSession", build: { m throws(BusError) in try m.append(id) },
+                              decode: { reply throws(BusError) in try SessionDetails.decode(from: reply) })
     }
 
     /// Ends a session as an administrator; every party hears `Cancelled`.
     public func cancelSession(_ id: String) async throws(BrokerError) {
-        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "CancelSession") { m throws(BusError) in
-            try m.append(id)
-        }
+        try await callManager("CancelSession", build: { m throws(BusError) in try m.append(id) })
     }
 
     /// Cancels one load of a session as an administrator.
     public func cancelLoad(session id: String, load: UInt32) async throws(BrokerError) {
-        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "CancelLoad") { m throws(BusError) in
+        try await callManager("CancelLoad", build: { m throws(BusError) in
             try m.append(id)
             try m.append(load)
-        }
+        })
     }
 
     /// How the broker sees this app: identity comes from the kernel, never from the client.
     public func whoAmI() async throws(BrokerError) -> BrokerIdentity {
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "WhoAmI")
-        let fields = try decode { () throws(BusError) in try reply.readVariantDictionary() }
-        return BrokerIdentity(fields)
+        BrokerIdentity(try await callManager("WhoAmI", decode: { reply throws(BusError) in try reply.readVariantDictionary() }))
     }
 
     /// The policy in effect, each entry with the file and line it came from.
     public func policy() async throws(BrokerError) -> String {
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "GetPolicy")
-        return try decode { () throws(BusError) in try reply.readString() }
+        try await callManager("GetPolicy", decode: { reply throws(BusError) in try reply.readString() })
     }
 
     /// Asks the broker to reload its policy files; a bad file is reported and changes nothing.
     public func reloadPolicy() async throws(BrokerError) {
-        _ = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "ReloadPolicy")
+        try await callManager("ReloadPolicy")
     }
 
     // MARK: Source
@@ -152,54 +194,61 @@ public actor BrokerConnection {
     public func beginDrag(items: [DragItem], options: SessionOptions = SessionOptions()) async throws(BrokerError) -> DragSession {
         let providerPath = BrokerNames.providerPathPrefix + "p\(nextProvider)"
         nextProvider += 1
-        let export = ProviderExport(items: items.map(\.itemProvider))
+        let object: ExportedObject
         do {
-            export.object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
-                                           implementation: InterfaceImplementation(methods: [
-                                               "Provide": { [unowned self] call throws(BusError) in
-                                                   let result = self.assumeIsolated { connection in
-                                                       Result { () throws(BusError) in try connection.provide(call) }
-                                                   }
-                                                   try result.get()
-                                               },
-                                               "ProvideFile": { [unowned self] call throws(BusError) in
-                                                   let result = self.assumeIsolated { connection in
-                                                       Result { () throws(BusError) in try connection.provideFile(call) }
-                                                   }
-                                                   try result.get()
-                                               },
-                                           ]))
+            object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
+                                    implementation: InterfaceImplementation(methods: [
+                                        "Provide": { [unowned self] call throws(BusError) in
+                                            try serve(call) { connection, call throws(BusError) in try connection.provide(call) }
+                                        },
+                                        "ProvideFile": { [unowned self] call throws(BusError) in
+                                            try serve(call) { connection, call throws(BusError) in try connection.provideFile(call) }
+                                        },
+                                    ]))
         } catch {
             throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
         }
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "BeginSession") { m throws(BusError) in
+        let (path, token) = try await callManager("BeginSession", build: { m throws(BusError) in
             try m.openContainer("a", ItemDescriptor.signature)
             for item in items { try item.itemProvider.descriptor.encode(to: m) }
             try m.closeContainer()
             try options.encode(to: m)
             try m.append(objectPath: providerPath)
-        }
-        let (path, token) = try decode { () throws(BusError) in (try reply.readObjectPath(), try reply.readString()) }
-        providers[path] = export
-        let session = DragSession(connection: self, path: path, token: token, items: items, export: export)
+        }, decode: { reply throws(BusError) in (try reply.readObjectPath(), try reply.readString()) })
+        providers[path] = ProviderExport(items: items.map(\.itemProvider), object: object)
+        let session = DragSession(connection: self, path: path, token: token, items: items)
         try route(path, to: .source(session))
         return session
+    }
+
+    /// Runs a provider method's handler in the actor: sd-bus calls it on the loop, the actor's
+    /// executor, and the call travels into the actor's isolation checked, as a `LoopBound`.
+    private nonisolated func serve(_ call: MethodCall,
+                                   _ handler: @Sendable (isolated BrokerConnection, MethodCall) throws(BusError) -> Void) throws(BusError) {
+        let call = LoopBound(call, loop: loop)
+        // assumeIsolated rethrows untyped errors: the BusError travels in a Result.
+        try assumeIsolated { connection in
+            Result { () throws(BusError) in try handler(connection, call.value) }
+        }.get()
     }
 
     /// Serves the broker's request for one data representation: the handler runs now, its
     /// bytes go into the pipe the broker passed, and the reply says whether it succeeded.
     private func provide(_ call: MethodCall) throws(BusError) {
         let (sessionPath, item, type, load) = try loadRequest(call)
-        let fd = try call.message.readFileDescriptor()
+        let fd = FileDescriptor(rawValue: try call.message.readFileDescriptor())
         guard let provision = provision(sessionPath, item, type) else {
-            close(fd)
+            fd.closeQuietly()
             throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
         }
         noteLoadRequested(sessionPath, load, item, type)
-        let pending = PendingReply(call)
+        // The task inherits this actor: `call` stays on the loop, answered there once the
+        // handler (which runs off the loop) is done.
         let task = Task {
             let failure: BrokerError?
             do {
+                // Closed before the reply: the broker sees end of data, then the verdict.
+                defer { fd.closeQuietly() }
                 switch provision {
                 case .data(let handler):
                     let data = try await handler()
@@ -207,12 +256,10 @@ public actor BrokerConnection {
                     if data.count >= 64 << 10 {
                         Task { await announce(sessionPath, load, UInt64(data.count)) }
                     }
-                    try await DescriptorIO.write(data, consuming: fd)
+                    try await DescriptorIO.writeAll(data, to: fd)
                 case .stream(let writer):
-                    defer { close(fd) }
                     try await writer(DataWriter(fd: fd) { [weak self] size in await self?.announce(sessionPath, load, size) })
                 case .file:
-                    close(fd)
                     throw BrokerError(.failed, "'\(type)' is a file representation")
                 }
                 failure = nil
@@ -223,7 +270,7 @@ public actor BrokerConnection {
             } catch {
                 failure = BrokerError(.providerFailed, "\(error)")
             }
-            finish(pending, failure, sessionPath, load)
+            finish(call, failure, sessionPath, load)
         }
         running[sessionPath, default: [:]][load] = task
     }
@@ -235,15 +282,14 @@ public actor BrokerConnection {
             throw BrokerError(.notFound, "No file representation '\(type)' for item \(item)").busError
         }
         noteLoadRequested(sessionPath, load, item, type)
-        let pending = PendingReply(call)
         let task = Task {
             do {
                 let file = try await handler()
-                replyWithFile(pending, file, sessionPath, load)
+                replyWithFile(call, file, sessionPath, load)
             } catch let error as BrokerError {
-                finish(pending, error, sessionPath, load)
+                finish(call, error, sessionPath, load)
             } catch {
-                finish(pending, BrokerError(.providerFailed, "\(error)"), sessionPath, load)
+                finish(call, BrokerError(.providerFailed, "\(error)"), sessionPath, load)
             }
         }
         running[sessionPath, default: [:]][load] = task
@@ -270,30 +316,30 @@ public actor BrokerConnection {
     }
 
     private func announce(_ sessionPath: String, _ load: UInt32, _ size: UInt64) async {
-        _ = try? await call(path: sessionPath, interface: BrokerNames.sessionInterface, member: "SetExpectedSize") { m throws(BusError) in
+        try? await call(path: sessionPath, interface: BrokerNames.sessionInterface, member: "SetExpectedSize", build: { m throws(BusError) in
             try m.append(load)
             try m.append(size)
-        }
+        })
     }
 
-    private func replyWithFile(_ pending: PendingReply, _ file: FileDescriptor, _ sessionPath: String, _ load: UInt32) {
+    private func replyWithFile(_ call: MethodCall, _ file: FileDescriptor, _ sessionPath: String, _ load: UInt32) {
         running[sessionPath]?[load] = nil
-        defer { try? file.close() }
-        guard !pending.call.answered else { return }
+        defer { file.closeQuietly() }
+        guard !call.answered else { return }
         do {
-            try pending.call.reply { r throws(BusError) in try r.append(fileDescriptor: file.rawValue) }
+            try call.reply { r throws(BusError) in try r.append(fileDescriptor: file.rawValue) }
         } catch {
-            pending.call.fail(BrokerError(.failed, "Failed to send the file: \(error.message)").busError)
+            call.fail(BrokerError(.failed, "Failed to send the file: \(error.message)").busError)
         }
     }
 
-    private func finish(_ pending: PendingReply, _ failure: BrokerError?, _ sessionPath: String, _ load: UInt32) {
+    private func finish(_ call: MethodCall, _ failure: BrokerError?, _ sessionPath: String, _ load: UInt32) {
         running[sessionPath]?[load] = nil
-        guard !pending.call.answered else { return }
+        guard !call.answered else { return }
         if let failure {
-            pending.call.fail(failure.busError)
+            call.fail(failure.busError)
         } else {
-            try? pending.call.reply()
+            try? call.reply()
         }
     }
 
@@ -308,10 +354,8 @@ public actor BrokerConnection {
     /// Presents a drag's token: the destination may then see the items' visible types and
     /// propose, and after `performDrop` load.
     public func presentToken(_ token: String) async throws(BrokerError) -> DropSession {
-        let reply = try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: "PresentToken") { m throws(BusError) in
-            try m.append(token)
-        }
-        let path = try decode { () throws(BusError) in try reply.readObjectPath() }
+        let path = try await callManager("PresentToken", build: { m throws(BusError) in try m.append(token) },
+                                         decode: { reply throws(BusError) in try reply.readObjectPath() })
         if case .destination(let existing) = routes[path]?.role { return existing }
         let session = DropSession(connection: self, path: path)
         try route(path, to: .destination(session))
@@ -324,7 +368,9 @@ public actor BrokerConnection {
     private func route(_ path: String, to role: SessionRoute.Role) throws(BrokerError) {
         do {
             let slot = try bus.matchSignal(sender: brokerName, path: path, interface: BrokerNames.sessionInterface, member: nil) { [unowned self] m in
-                self.assumeIsolated { $0.dispatch(m) }
+                // sd-bus calls this on the loop, the actor's executor (both checked).
+                let m = LoopBound(m, loop: loop)
+                assumeIsolated { $0.dispatch(m.value) }
             }
             routes[path] = SessionRoute(role: role, slot: slot)
         } catch {
@@ -332,39 +378,35 @@ public actor BrokerConnection {
         }
     }
 
+    /// Decodes a session signal here, where it arrived, and hands the session the values.
     private func dispatch(_ m: Message) {
-        guard let path = m.path, let route = routes[path], let member = m.member else { return }
+        guard let path = m.path, let route = routes[path], let member = m.member,
+              let signal = SessionSignal(member: member, m) else { return }
+        let listening: Bool
         switch route.role {
         case .source(let session):
-            if member == "LoadFinished", let load = try? m.readUInt32() {
-                loadEnded(path, load)
-                try? m.rewind()
-            }
-            session.handle(signal: member, m)
-        case .destination(let session): session.handle(signal: member, m)
+            if case .loadFinished(let load, _) = signal { loadEnded(path, load) }
+            listening = session.handle(signal)
+        case .destination(let session):
+            listening = session.handle(signal)
         }
-        if member == "Ended" || member == "TransferFinished" {
-            let done: Bool
-            switch route.role {
-            case .source: done = member == "TransferFinished" || !(route.role.sourceAwaitsTransfer(m))
-            case .destination: done = true
-            }
-            if done { forget(path) }
-        }
+        if !listening { forget(path) }
     }
 
     /// Flocking: the provider learns the new items before the broker can ask for them.
-    func addItems(_ items: [DragItem], to path: String, export: ProviderExport) async throws(BrokerError) {
-        let before = export.items.count
-        export.items += items.map(\.itemProvider)
+    func addItems(_ items: [DragItem], to path: String) async throws(BrokerError) {
+        let added = items.map(\.itemProvider)
+        providers[path]?.items += added
         do {
-            _ = try await call(path: path, interface: BrokerNames.sessionInterface, member: "AddItems") { m throws(BusError) in
+            try await call(path: path, interface: BrokerNames.sessionInterface, member: "AddItems", build: { m throws(BusError) in
                 try m.openContainer("a", ItemDescriptor.signature)
                 for item in items { try item.itemProvider.descriptor.encode(to: m) }
                 try m.closeContainer()
-            }
+            })
         } catch {
-            export.items.removeSubrange(before...)
+            // Exactly these providers: another AddItems may have gone in meanwhile.
+            let refused = Set(added.map(ObjectIdentifier.init))
+            providers[path]?.items.removeAll { refused.contains(ObjectIdentifier($0)) }
             throw error
         }
     }
@@ -376,30 +418,25 @@ public actor BrokerConnection {
     }
 }
 
-/// A call kept open while a load handler runs; sent back to the loop to answer.
-private final class PendingReply: @unchecked Sendable {
-    let call: MethodCall
-    init(_ call: MethodCall) { self.call = call }
+/// What this connection serves the broker for one drag: the items' providers, numbered as
+/// the broker numbers them, and the exported provider object. Actor state, so it is touched
+/// on the loop only.
+private struct ProviderExport {
+    var items: [ItemProvider]
+    let object: ExportedObject
 }
 
-final class ProviderExport: @unchecked Sendable {
-    /// Grows only on the connection's loop, through `BrokerConnection.addItems`.
-    var items: [ItemProvider]
-    var object: ExportedObject?
-    init(items: [ItemProvider]) { self.items = items }
+/// The subscription behind `monitor()`'s stream.
+private struct MonitorSubscription {
+    let generation: Int
+    let slot: Slot
+    let continuation: AsyncStream<MonitorEvent>.Continuation
 }
 
 private struct SessionRoute {
     enum Role {
         case source(DragSession)
         case destination(DropSession)
-
-        /// After a successful `Ended`, the source still hears `TransferFinished`.
-        func sourceAwaitsTransfer(_ ended: Message) -> Bool {
-            try? ended.rewind()
-            _ = try? ended.readString()
-            return (try? ended.readString())?.isEmpty ?? false
-        }
     }
     let role: Role
     let slot: Slot

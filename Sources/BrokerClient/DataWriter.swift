@@ -1,16 +1,14 @@
 import BrokerProtocol
-import CSystemd
 import Foundation
-import Glibc
-import SystemPackage
+import SystemCalls
 
 /// Where a stream representation's writer puts its bytes: the pipe the broker passed.
 /// Writes block only a dispatch thread, never the caller's executor or the event loop.
 public final class DataWriter: Sendable {
-    private let fd: Int32
+    private let fd: FileDescriptor
     private let announce: @Sendable (UInt64) async -> Void
 
-    init(fd: Int32, announce: @escaping @Sendable (UInt64) async -> Void) {
+    init(fd: FileDescriptor, announce: @escaping @Sendable (UInt64) async -> Void) {
         self.fd = fd
         self.announce = announce
     }
@@ -25,7 +23,7 @@ public final class DataWriter: Sendable {
         try Task.checkCancellation()
         do {
             try await DescriptorIO.writeAll(data, to: fd)
-        } catch let error as POSIXError where error.code == .EPIPE {
+        } catch let error as Errno where error == .brokenPipe {
             throw BrokerError(.cancelled, "The destination is no longer reading")
         }
     }
@@ -35,26 +33,15 @@ public final class DataWriter: Sendable {
 /// representation takes when the bytes are in memory, passed without a copy.
 public enum SealedMemoryFile {
     public static func make(name: String, data: Data) throws -> FileDescriptor {
-        let fd = shim_memfd_create(name)
-        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        let fd = try Kernel.makeMemoryFile(name: name)
         do {
-            try data.withUnsafeBytes { raw in
-                var offset = 0
-                while offset < raw.count {
-                    let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
-                    if n < 0 {
-                        if errno == EINTR { continue }
-                        throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                    }
-                    offset += n
-                }
-            }
-            guard shim_seal_all(fd) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-            _ = lseek(fd, 0, SEEK_SET)
+            try data.withUnsafeBytes { try fd.writeFully($0) }
+            try fd.addSeals([.seal, .shrink, .grow, .write])
+            try fd.rewind()
         } catch {
-            close(fd)
+            fd.closeQuietly()
             throw error
         }
-        return FileDescriptor(rawValue: fd)
+        return fd
     }
 }

@@ -24,72 +24,61 @@ public final class DragSession: Sendable {
     public let token: String
     public var items: [DragItem] { lock.withLock { $0 } }
     private let lock: Locked<[DragItem]>
-    private let export: ProviderExport
     /// The session's events; the stream finishes after the last one.
     public let events: AsyncStream<DragSessionEvent>
     private let continuation: AsyncStream<DragSessionEvent>.Continuation
     private let connection: BrokerConnection
 
-    init(connection: BrokerConnection, path: String, token: String, items: [DragItem], export: ProviderExport) {
+    init(connection: BrokerConnection, path: String, token: String, items: [DragItem]) {
         self.connection = connection
         self.path = path
         self.token = token
         self.lock = Locked(items)
-        self.export = export
         (events, continuation) = AsyncStream.makeStream()
     }
 
     /// Adds items to the live drag ("flocking"); only the app that began it may.
     public func addItems(_ newItems: [DragItem]) async throws(BrokerError) {
-        try await connection.addItems(newItems, to: path, export: export)
+        try await connection.addItems(newItems, to: path)
         lock.withLock { $0 += newItems }
     }
 
     /// Cancels one load this source is producing; the destination hears `Cancelled`.
     public func cancelLoad(_ load: UInt32) async throws(BrokerError) {
-        _ = try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad") { m throws(BusError) in
-            try m.append(load)
-        }
+        try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad",
+                                  build: { m throws(BusError) in try m.append(load) })
     }
 
     /// Cancels the drag (released over nothing). Loads in flight stop.
     public func cancel() async throws(BrokerError) {
-        _ = try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
+        try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
     }
 
     func noteLoadRequested(load: UInt32, item: Int, type: String) {
         continuation.yield(.loadRequested(load: load, item: item, typeIdentifier: type))
     }
 
-    func handle(signal: String, _ m: Message) {
+    /// A signal for this session, on the event loop. Returns whether the session still needs
+    /// its signals: after a successful `Ended` the source still hears `TransferFinished`.
+    func handle(_ signal: SessionSignal) -> Bool {
         switch signal {
-        case "WillEnd":
-            if let operation = try? m.readString(), let op = DropOperation(rawValue: operation) {
-                continuation.yield(.willEnd(op))
-            }
-        case "Ended":
-            guard let (operation, error) = decodeEnded(m) else { return }
+        case .willEnd(let operation):
+            continuation.yield(.willEnd(operation))
+        case .ended(let operation, let error):
             continuation.yield(.ended(operation, error))
-            if error != nil { continuation.finish() }
-        case "LoadProgress":
-            guard let load = try? m.readUInt32(), let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
-            continuation.yield(.loadProgress(load: load, bytes: bytes, expected: expected == 0 ? nil : expected))
-        case "LoadFinished":
-            guard let load = try? m.readUInt32(), let bytes = try? m.readUInt64(),
-                  let name = try? m.readString(), let message = try? m.readString() else { return }
-            continuation.yield(.loadFinished(load: load, bytes: bytes, error: name.isEmpty ? nil : BrokerError(BusError(name: name, message: message))))
-        case "TransferFinished":
+            if error != nil {
+                continuation.finish()
+                return false
+            }
+        case .loadProgress(let load, let bytes, let expected):
+            continuation.yield(.loadProgress(load: load, bytes: bytes, expected: expected))
+        case .loadFinished(let load, let outcome):
+            continuation.yield(.loadFinished(load: load, bytes: outcome.bytes, error: outcome.error))
+        case .transferFinished:
             continuation.yield(.transferFinished)
             continuation.finish()
-        default:
-            break
+            return false
         }
+        return true
     }
-}
-
-/// Decodes `Ended(operation, error, message)`; an empty error name means success.
-func decodeEnded(_ m: Message) -> (DropOperation, BrokerError?)? {
-    guard let operation = try? m.readString(), let op = DropOperation(rawValue: operation),
-          let name = try? m.readString(), let message = try? m.readString() else { return nil }
-    return (op, name.isEmpty ? nil : BrokerError(BusError(name: name, message: message)))
 }

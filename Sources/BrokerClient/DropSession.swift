@@ -1,8 +1,7 @@
 import BrokerProtocol
 import BusKit
 import Foundation
-import Glibc
-import SystemPackage
+import SystemCalls
 
 /// What a destination hears about a session it joined.
 public enum DropSessionEvent: Sendable, Equatable {
@@ -15,12 +14,15 @@ public enum DropSessionEvent: Sendable, Equatable {
 
 /// The destination's side of a drag it was handed. Before the drop it can only see the
 /// items' visible types; after `performDrop` it alone may load.
+///
+/// Replies are decoded on the connection's event loop, where they arrive; this class only
+/// ever holds the decoded values.
 public final class DropSession: Sendable {
     public let path: String
     public let events: AsyncStream<DropSessionEvent>
     private let continuation: AsyncStream<DropSessionEvent>.Continuation
     private let connection: BrokerConnection
-    private let loads = Locked(LoadResults())
+    private let loads = Locked(LoadLedger<CheckedContinuation<LoadOutcome, Never>>())
 
     init(connection: BrokerConnection, path: String) {
         self.connection = connection
@@ -28,34 +30,34 @@ public final class DropSession: Sendable {
         (events, continuation) = AsyncStream.makeStream()
     }
 
-    private func call(_ member: String, _ build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) -> Message {
-        try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: member, build)
+    /// Calls a session method; `decode` reads the reply on the event loop.
+    private func call<T: Sendable>(_ member: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in },
+                                   decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: member, build: build, decode: decode)
     }
 
     /// The items, with only the types this app may see: enough for "can handle" decisions.
     public func items() async throws(BrokerError) -> [VisibleItem] {
-        let reply = try await call("GetItems")
-        return try await connection.decode { () throws(BusError) in
+        try await call("GetItems", decode: { reply throws(BusError) in
             var items: [VisibleItem] = []
             _ = try reply.enterContainer("a", VisibleItem.signature)
             while let item = try VisibleItem.decode(from: reply) { items.append(item) }
             try reply.exitContainer()
             return items
-        }
+        })
     }
 
     /// The indices of items with a representation visible to this app that conforms to
     /// `type`: a MIME type (`text/plain` covers `text/x-python`), a wildcard (`image/*`) or a
     /// UTI (`public.image`). Answered before the drop, from the system's MIME database.
     public func items(conformingTo type: String) async throws(BrokerError) -> [Int] {
-        let reply = try await call("ConformingItems") { m throws(BusError) in try m.append(type) }
-        return try await connection.decode { () throws(BusError) in
+        try await call("ConformingItems", { m throws(BusError) in try m.append(type) }, decode: { reply throws(BusError) in
             var indices: [Int] = []
             _ = try reply.enterContainer("a", "u")
             while try reply.peekType() != nil { indices.append(Int(try reply.readUInt32())) }
             try reply.exitContainer()
             return indices
-        }
+        })
     }
 
     /// `hasItemsConforming(toTypeIdentifiers:)`: can this drop be handled at all?
@@ -74,13 +76,12 @@ public final class DropSession: Sendable {
     }
 
     public func exit() async throws(BrokerError) {
-        _ = try await call("Exit")
+        try await call("Exit", decode: { _ throws(BusError) in })
     }
 
     /// Performs the drop with the current proposal; from now on this destination alone may load.
     public func performDrop() async throws(BrokerError) -> DropOperation {
-        let reply = try await call("PerformDrop")
-        return try await operation(from: reply)
+        try await operation(from: call("PerformDrop", decode: { reply throws(BusError) in try reply.readString() }))
     }
 
     /// Loads one representation's bytes into memory; the source's load handler runs only
@@ -89,13 +90,8 @@ public final class DropSession: Sendable {
     public func loadData(item: Int, typeIdentifier: String,
                          progress: (@Sendable (UInt64, UInt64?) -> Void)? = nil) async throws(BrokerError) -> Data {
         let collected = Locked(Data())
-        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, kind in
-            if kind == .file {
-                defer { close(fd) }
-                let data = try await DescriptorIO.readToEnd(consuming: dup(fd))
-                collected.withLock { $0 = data }
-                return UInt64(data.count)
-            }
+        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, _ in
+            // A file arrives as its own read-only descriptor: read it like a pipe.
             let data = try await DescriptorIO.readToEnd(consuming: fd)
             collected.withLock { $0 = data }
             return UInt64(data.count)
@@ -124,54 +120,68 @@ public final class DropSession: Sendable {
     public func load(item: Int, typeIdentifier: String, into output: FileDescriptor,
                      progress: (@Sendable (UInt64, UInt64?) -> Void)? = nil) async throws(BrokerError) -> UInt64 {
         try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, _ in
-            try await DescriptorIO.copy(consuming: fd, to: output.rawValue)
+            try await DescriptorIO.copy(consuming: fd, to: output)
         }
     }
 
     /// Loads a file representation as the descriptor the source handed over (read-only, or a
     /// sealed memfd): no byte is copied. The caller owns and closes it.
     public func loadFile(item: Int, typeIdentifier: String) async throws(BrokerError) -> FileDescriptor {
-        let file = Locked<Int32>(-1)
+        let file = Locked<FileDescriptor?>(nil)
         _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, kind in
             guard kind == .file else {
-                close(fd)
+                fd.closeQuietly()
                 throw BrokerError(.wrongState, "'\(typeIdentifier)' is a data representation: use loadData or loadStream")
             }
-            var info = stat()
-            fstat(fd, &info)
+            let size: UInt64
+            do {
+                size = try fd.status().size
+            } catch {
+                fd.closeQuietly()
+                throw error
+            }
             file.withLock { $0 = fd }
-            return UInt64(info.st_size)
+            return size
         }
-        return FileDescriptor(rawValue: file.withLock { $0 })
+        return file.withLock { $0! }
     }
 
     /// The common path: ask for the load, consume its descriptor, then check the broker's
     /// verdict (`LoadFinished`) against what arrived.
-    private func load(item: Int, typeIdentifier: String, progress: (@Sendable (UInt64, UInt64?) -> Void)?,
-                      consume: @escaping @Sendable (Int32, RepresentationKind) async throws -> UInt64) async throws(BrokerError) -> UInt64 {
+    private func load(item: Int, typeIdentifier: String, progress: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Progress?,
+                      consume: @escaping @Sendable (FileDescriptor, RepresentationKind) async throws -> UInt64) async throws(BrokerError) -> UInt64 {
         guard let index = UInt32(exactly: item) else { throw .invalidArgument("Item index \(item) is out of range") }
         try Self.checkCancellation()
-        let reply = try await call("Load") { m throws(BusError) in
+        let (fd, id, kindName) = try await call("Load", { m throws(BusError) in
             try m.append(index)
             try m.append(typeIdentifier)
-        }
-        let (fd, id, kindName) = try await connection.decode { () throws(BusError) in
-            (try reply.readFileDescriptor(), try reply.readUInt32(), try reply.readString())
-        }
+        }, decode: { [self] reply throws(BusError) in
+            let fd = FileDescriptor(rawValue: try reply.readFileDescriptor())
+            let id: UInt32, kindName: String
+            do throws(BusError) {
+                id = try reply.readUInt32()
+                kindName = try reply.readString()
+            } catch {
+                fd.closeQuietly()
+                throw error
+            }
+            // Claimed here, on the loop, in bus order with the load's own signals.
+            if let early = loads.withLock({ $0.claim(id, item: item, progress: progress) }) { report(early) }
+            return (fd, id, kindName)
+        })
         let kind = RepresentationKind(rawValue: kindName) ?? .data
-        loads.withLock { $0.watch(id, item: item, progress: progress) }
         let received: UInt64
         do {
             received = try await withTaskCancellationHandler {
                 try await consume(fd, kind)
             } onCancel: {
                 Task { [connection, path] in
-                    _ = try? await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad") { m throws(BusError) in
-                        try m.append(id)
-                    }
+                    try? await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad",
+                                               build: { m throws(BusError) in try m.append(id) })
                 }
             }
         } catch let error as BrokerError {
+            loads.withLock { $0.abandon(id) }
             throw error
         } catch {
             // The verdict explains a broken pipe better than the pipe does.
@@ -190,8 +200,15 @@ public final class DropSession: Sendable {
 
     private func outcome(of id: UInt32) async -> LoadOutcome {
         await withCheckedContinuation { continuation in
-            loads.withLock { $0.await(id, continuation) }
+            if let outcome = loads.withLock({ $0.collect(id, waiter: continuation) }) {
+                continuation.resume(returning: outcome)
+            }
         }
+    }
+
+    private func report(_ report: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Report) {
+        report.progress?(report.bytes, report.expected)
+        continuation.yield(.loadProgress(item: report.item, load: report.load, bytes: report.bytes, expected: report.expected))
     }
 
     private static func checkCancellation() throws(BrokerError) {
@@ -201,82 +218,36 @@ public final class DropSession: Sendable {
     /// Ends the session after the drop: the source learns the operation, and when the
     /// transfers finish.
     public func conclude() async throws(BrokerError) {
-        _ = try await call("Conclude")
+        try await call("Conclude", decode: { _ throws(BusError) in })
     }
 
     private func propose(_ member: String, _ proposal: DropOperation) async throws(BrokerError) -> DropOperation {
-        let reply = try await call(member) { m throws(BusError) in try m.append(proposal.rawValue) }
-        return try await operation(from: reply)
+        try await operation(from: call(member, { m throws(BusError) in try m.append(proposal.rawValue) },
+                                       decode: { reply throws(BusError) in try reply.readString() }))
     }
 
-    private func operation(from reply: Message) async throws(BrokerError) -> DropOperation {
-        let name = try await connection.decode { () throws(BusError) in try reply.readString() }
+    private func operation(from name: String) throws(BrokerError) -> DropOperation {
         guard let operation = DropOperation(rawValue: name) else {
             throw BrokerError(.failed, "The broker answered an unknown operation '\(name)'")
         }
         return operation
     }
 
-    func handle(signal: String, _ m: Message) {
+    /// A signal for this session, on the event loop. Returns whether the session still needs
+    /// its signals.
+    func handle(_ signal: SessionSignal) -> Bool {
         switch signal {
-        case "LoadProgress":
-            guard let id = try? m.readUInt32(), let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
-            let watcher = loads.withLock { $0.watcher(id) }
-            watcher?.progress?(bytes, expected == 0 ? nil : expected)
-            if let item = watcher?.item {
-                continuation.yield(.loadProgress(item: item, load: id, bytes: bytes, expected: expected == 0 ? nil : expected))
-            }
-        case "LoadFinished":
-            guard let id = try? m.readUInt32(), let bytes = try? m.readUInt64(),
-                  let name = try? m.readString(), let message = try? m.readString() else { return }
-            let outcome = LoadOutcome(bytes: bytes, error: name.isEmpty ? nil : BrokerError(BusError(name: name, message: message)))
-            loads.withLock { $0.deliver(id, outcome) }
-        case "Ended":
-            guard let (operation, error) = decodeEnded(m) else { return }
+        case .loadProgress(let id, let bytes, let expected):
+            if let progress = loads.withLock({ $0.progressed(id, bytes: bytes, expected: expected) }) { report(progress) }
+        case .loadFinished(let id, let outcome):
+            loads.withLock { $0.finished(id, outcome) }?.resume(returning: outcome)
+        case .ended(let operation, let error):
             continuation.yield(.ended(operation, error))
             continuation.finish()
-        default:
+            loads.withLock { $0.sessionEnded() }
+        case .willEnd, .transferFinished:
             break
         }
-    }
-}
-
-struct LoadOutcome: Sendable {
-    var bytes: UInt64
-    var error: BrokerError?
-}
-
-/// Matches `LoadFinished` signals to waiting loads, whichever comes first, and routes progress.
-struct LoadResults: Sendable {
-    struct Watcher: Sendable {
-        var item: Int
-        var progress: (@Sendable (UInt64, UInt64?) -> Void)?
-    }
-
-    private var finished: [UInt32: LoadOutcome] = [:]
-    private var waiting: [UInt32: CheckedContinuation<LoadOutcome, Never>] = [:]
-    private var watchers: [UInt32: Watcher] = [:]
-
-    mutating func watch(_ id: UInt32, item: Int, progress: (@Sendable (UInt64, UInt64?) -> Void)?) {
-        watchers[id] = Watcher(item: item, progress: progress)
-    }
-
-    func watcher(_ id: UInt32) -> Watcher? { watchers[id] }
-
-    mutating func await(_ id: UInt32, _ continuation: CheckedContinuation<LoadOutcome, Never>) {
-        if let outcome = finished.removeValue(forKey: id) {
-            continuation.resume(returning: outcome)
-        } else {
-            waiting[id] = continuation
-        }
-    }
-
-    mutating func deliver(_ id: UInt32, _ outcome: LoadOutcome) {
-        watchers[id] = nil
-        if let continuation = waiting.removeValue(forKey: id) {
-            continuation.resume(returning: outcome)
-        } else {
-            finished[id] = outcome
-        }
+        return loads.withLock { $0.needsSignals }
     }
 }

@@ -1,18 +1,24 @@
 import CSystemd
 import Glibc
 
-/// Owns an `sd_bus` connection attached to an `EventLoop`. Every use happens on the loop thread.
+/// Owns an `sd_bus` connection attached to an `EventLoop`. Every use happens on the loop
+/// thread (or while no thread runs the loop), and every use checks it: the `Bus` object may be
+/// shared, what it does may not.
 public final class Bus: @unchecked Sendable {
-    public let handle: OpaquePointer
+    private let bound: LoopBound<OpaquePointer>
     public let loop: EventLoop
 
+    /// The `sd_bus*`; reading it off the loop's thread traps.
+    public var handle: OpaquePointer { bound.value }
+
     private init(consuming handle: OpaquePointer, loop: EventLoop) {
-        self.handle = handle
+        bound = LoopBound(handle, loop: loop)
         self.loop = loop
     }
 
     deinit {
-        sd_bus_flush_close_unref(handle)
+        loop.preconditionCurrentOrIdle("sd_bus released")
+        sd_bus_flush_close_unref(bound.value)
     }
 
     /// Connects as a client to `address`, or to the session bus when `address` is nil, and
@@ -65,19 +71,18 @@ public final class Bus: @unchecked Sendable {
         var m: OpaquePointer?
         try check(sd_bus_message_new_method_call(handle, &m, destination, path, interface, member),
                   "new method call \(interface).\(member)")
-        return Message(consuming: m!)
+        return Message(consuming: m!, loop: loop)
     }
 
     /// Sends a method call; `completion` runs on the loop thread with the reply or the error.
     /// Dropping the returned slot cancels the call: `completion` then never runs.
     public func callAsync(_ message: Message, timeout: UInt64 = 0,
                           completion: @escaping (Result<Message, BusError>) -> Void) throws(BusError) -> Slot {
-        let box = Unmanaged.passRetained(ReplyBox(completion))
+        let box = Unmanaged.passRetained(ReplyBox(loop: loop, completion))
         var slot: OpaquePointer?
         let r = sd_bus_call_async(handle, &slot, message.handle, { reply, userdata, _ in
             let box = Unmanaged<ReplyBox>.fromOpaque(userdata!).takeUnretainedValue()
-            let message = Message(borrowing: reply!)
-            if let error = message.error { box.deliver(.failure(error)) } else { box.deliver(.success(message)) }
+            box.deliver(reply!)
             return 0
         }, box.toOpaque(), timeout)
         if r < 0 {
@@ -87,23 +92,31 @@ public final class Bus: @unchecked Sendable {
         sd_bus_slot_set_destroy_callback(slot) { userdata in
             Unmanaged<ReplyBox>.fromOpaque(userdata!).release()
         }
-        return Slot(consuming: slot!)
+        return Slot(consuming: slot!, loop: loop)
     }
 
     /// Sends a method call and suspends until its reply; an error reply is thrown as `BusError`.
     /// `timeout` is in microseconds, 0 meaning sd-bus's default (25 s).
+    ///
+    /// Await it only from an actor whose executor is this bus's loop: the reply is resumed in
+    /// the caller's isolation, and a message must stay on its loop. Decode it there and let
+    /// only the decoded values leave.
     public func call(_ message: Message, timeout: UInt64 = 0,
                      isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> Message {
+        precondition(loop.isCurrent, "Bus.call awaited off its event loop: call it from an actor whose executor is the loop")
         let result: Result<Message, BusError> = await withCheckedContinuation(isolation: isolation) { continuation in
-            let box = Unmanaged.passRetained(ReplyBox { continuation.resume(returning: $0) })
+            let box = Unmanaged.passRetained(ReplyBox(loop: loop) { result in
+                // Made on the loop, resumed in the caller's isolation, which is on the loop too
+                // (checked above): the reply never leaves the loop's thread.
+                nonisolated(unsafe) let result = result
+                continuation.resume(returning: result)
+            })
             let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
-                let box = Unmanaged<ReplyBox>.fromOpaque(userdata!).takeRetainedValue()
-                let message = Message(borrowing: reply!)
-                if let error = message.error { box.deliver(.failure(error)) } else { box.deliver(.success(message)) }
+                Unmanaged<ReplyBox>.fromOpaque(userdata!).takeRetainedValue().deliver(reply!)
                 return 0
             }, box.toOpaque(), timeout)
             if r < 0 {
-                box.takeRetainedValue().deliver(.failure(.system(r, "sd_bus_call_async")))
+                box.takeRetainedValue().completion(.failure(.system(r, "sd_bus_call_async")))
             }
         }
         return try result.get()
@@ -124,7 +137,7 @@ public final class Bus: @unchecked Sendable {
                            _ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) {
         var m: OpaquePointer?
         try check(sd_bus_message_new_signal(handle, &m, path, interface, member), "new signal \(interface).\(member)")
-        let message = Message(consuming: m!)
+        let message = Message(consuming: m!, loop: loop)
         if let destination {
             try check(sd_bus_message_set_destination(message.handle, destination), "set signal destination")
         }
@@ -151,7 +164,7 @@ public final class Bus: @unchecked Sendable {
     public func addObjectManager(path: String) throws(BusError) -> Slot {
         var slot: OpaquePointer?
         try check(sd_bus_add_object_manager(handle, &slot, path), "sd_bus_add_object_manager")
-        return Slot(consuming: slot!)
+        return Slot(consuming: slot!, loop: loop)
     }
 
     /// Offers every method call under `prefix` to `handler` before any exported object sees it;
@@ -161,7 +174,8 @@ public final class Bus: @unchecked Sendable {
         var slot: OpaquePointer?
         let r = sd_bus_add_fallback(handle, &slot, prefix, { m, userdata, _ in
             let box = Unmanaged<FallbackBox>.fromOpaque(userdata!).takeUnretainedValue()
-            return box.handler(MethodCall(message: Message(borrowing: m!), bus: box.bus!)) ? 1 : 0
+            let bus = box.bus!
+            return box.handler(MethodCall(message: Message(borrowing: m!, loop: bus.loop), bus: bus)) ? 1 : 0
         }, box.toOpaque())
         if r < 0 {
             box.release()
@@ -171,16 +185,17 @@ public final class Bus: @unchecked Sendable {
         sd_bus_slot_set_destroy_callback(slot) { userdata in
             Unmanaged<FallbackBox>.fromOpaque(userdata!).release()
         }
-        return Slot(consuming: slot!)
+        return Slot(consuming: slot!, loop: loop)
     }
 
     /// Calls `handler` for each signal matching the given fields (nil = any).
     public func matchSignal(sender: String?, path: String?, interface: String?, member: String?,
                             handler: @escaping (Message) -> Void) throws(BusError) -> Slot {
-        let box = Unmanaged.passRetained(SignalBox(handler))
+        let box = Unmanaged.passRetained(SignalBox(loop: loop, handler))
         var slot: OpaquePointer?
         let r = sd_bus_match_signal(handle, &slot, sender, path, interface, member, { m, userdata, _ in
-            Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue().handler(Message(borrowing: m!))
+            let box = Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue()
+            box.handler(Message(borrowing: m!, loop: box.loop))
             return 0
         }, box.toOpaque())
         if r < 0 {
@@ -190,19 +205,7 @@ public final class Bus: @unchecked Sendable {
         sd_bus_slot_set_destroy_callback(slot) { userdata in
             Unmanaged<SignalBox>.fromOpaque(userdata!).release()
         }
-        return Slot(consuming: slot!)
-    }
-
-    /// Asks the bus driver who sent `message`: kernel-verified PID and effective UID.
-    public func senderCredentials(of message: Message) throws(BusError) -> Credentials {
-        var creds: OpaquePointer?
-        try check(sd_bus_query_sender_creds(message.handle, shim_creds_pid_euid_unique(), &creds), "querying sender credentials")
-        defer { sd_bus_creds_unref(creds) }
-        var pid: pid_t = 0
-        var euid: uid_t = 0
-        try check(sd_bus_creds_get_pid(creds, &pid), "reading the sender's PID")
-        try check(sd_bus_creds_get_euid(creds, &euid), "reading the sender's EUID")
-        return Credentials(uniqueName: message.sender ?? "", pid: pid, euid: euid)
+        return Slot(consuming: slot!, loop: loop)
     }
 
     /// Asks the bus driver, now, for the PID and EUID of the connection owning `name`.
@@ -234,21 +237,44 @@ public struct Credentials: Sendable, Equatable {
     public var euid: uid_t
 }
 
-/// Owns an `sd_bus_slot`; dropping it removes the match, object or call it stands for.
+/// Owns an `sd_bus_slot`; dropping it removes the match, object or call it stands for, so it
+/// is dropped on its loop's thread like everything else of the bus (checked).
 public final class Slot: @unchecked Sendable {
-    let handle: OpaquePointer
-    init(consuming handle: OpaquePointer) { self.handle = handle }
-    deinit { sd_bus_slot_unref(handle) }
+    private let loop: EventLoop
+    private let handle: OpaquePointer
+    init(consuming handle: OpaquePointer, loop: EventLoop) {
+        self.handle = handle
+        self.loop = loop
+    }
+    deinit {
+        loop.preconditionCurrentOrIdle("sd_bus_slot released")
+        sd_bus_slot_unref(handle)
+    }
 }
 
+/// Where a method reply goes, reached from sd-bus's callback through `userdata`.
 private final class ReplyBox {
-    let deliver: (Result<Message, BusError>) -> Void
-    init(_ deliver: @escaping (Result<Message, BusError>) -> Void) { self.deliver = deliver }
+    let loop: EventLoop
+    let completion: (Result<Message, BusError>) -> Void
+    init(loop: EventLoop, _ completion: @escaping (Result<Message, BusError>) -> Void) {
+        self.loop = loop
+        self.completion = completion
+    }
+
+    /// Wraps the reply sd-bus lends, an error reply as its error.
+    func deliver(_ reply: OpaquePointer) {
+        let message = Message(borrowing: reply, loop: loop)
+        if let error = message.error { completion(.failure(error)) } else { completion(.success(message)) }
+    }
 }
 
 private final class SignalBox {
+    let loop: EventLoop
     let handler: (Message) -> Void
-    init(_ handler: @escaping (Message) -> Void) { self.handler = handler }
+    init(loop: EventLoop, _ handler: @escaping (Message) -> Void) {
+        self.loop = loop
+        self.handler = handler
+    }
 }
 
 private final class FallbackBox {

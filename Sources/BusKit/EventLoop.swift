@@ -1,19 +1,27 @@
 import CSystemd
 import Foundation
 import Synchronization
+import SystemCalls
 
 /// One sd-event loop on a dedicated thread, usable as the serial executor of actors.
 ///
 /// Bus callbacks, fd watches and actor jobs all run on this one thread, so C callbacks can
 /// reach actor state with `assumeIsolated`. The loop sleeps in epoll while nothing happens:
 /// other threads wake it through an eventfd only when they hand it work.
+///
+/// What belongs to the loop (its bus, messages, slots, sources, `LoopBound` values) may be
+/// touched only by the thread running it, or, while no thread runs it (before `start()` or
+/// `run()`, after it returned), by the one thread that sets it up or tears it down. BusKit
+/// checks this with `preconditionCurrentOrIdle` in release builds too.
 public final class EventLoop: SerialExecutor, @unchecked Sendable {
     /// The owned `sd_event*`.
     public let handle: OpaquePointer
-    private let wakeFD: Int32
+    private let wakeFD: FileDescriptor
     private var wakeSource: OpaquePointer?
     private let queue = Mutex<[Work]>([])
-    private let loopThread = Mutex<pthread_t?>(nil)
+    /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
+    /// loop-bound state, hence an atomic rather than a lock.
+    private let loopThread = Atomic<UInt>(0)
     private let finished = DispatchSemaphore(value: 0)
 
     private enum Work {
@@ -25,19 +33,20 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         var event: OpaquePointer?
         try check(sd_event_new(&event), "sd_event_new")
         handle = event!
-        wakeFD = shim_eventfd()
-        if wakeFD < 0 {
+        do {
+            wakeFD = try Kernel.makeEventFD()
+        } catch {
             sd_event_unref(handle)
-            throw BusError.system(-shim_errno(), "eventfd")
+            throw BusError.system(-error.rawValue, "eventfd")
         }
-        let r = sd_event_add_io(handle, &wakeSource, wakeFD, shim_epollin(), { _, fd, _, userdata in
+        let r = sd_event_add_io(handle, &wakeSource, wakeFD.rawValue, shim_epollin(), { _, fd, _, userdata in
             var counter: UInt64 = 0
-            _ = read(fd, &counter, 8)
+            _ = try? withUnsafeMutableBytes(of: &counter) { try FileDescriptor(rawValue: fd).readSome(into: $0) }
             Unmanaged<EventLoop>.fromOpaque(userdata!).takeUnretainedValue().drain()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         if r < 0 {
-            close(wakeFD)
+            wakeFD.closeQuietly()
             sd_event_unref(handle)
             throw BusError.system(r, "sd_event_add_io")
         }
@@ -45,29 +54,45 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
 
     deinit {
         sd_event_source_disable_unref(wakeSource)
-        close(wakeFD)
+        wakeFD.closeQuietly()
         sd_event_unref(handle)
     }
 
     /// Starts the loop thread. The thread keeps the loop alive until `stop()`.
     public func start(name: String = "sd-event") {
+        let started = DispatchSemaphore(value: 0)
         let thread = Thread { [self] in
-            loopThread.withLock { $0 = pthread_self() }
+            loopThread.store(pthread_self(), ordering: .releasing)
+            started.signal()
             _ = sd_event_loop(handle)
-            loopThread.withLock { $0 = nil }
+            loopThread.store(0, ordering: .releasing)
             finished.signal()
         }
         thread.name = name
         thread.start()
-        // Jobs may be enqueued before the thread records itself; they wait in the queue.
-        while loopThread.withLock({ $0 == nil }) { usleep(100) }
+        // From here on `isCurrent` answers correctly on the loop thread; jobs enqueued
+        // meanwhile wait in the queue.
+        started.wait()
     }
 
     /// Runs the loop on the calling thread until `exit()`; the caller's thread becomes the loop thread.
     public func run() throws(BusError) {
-        loopThread.withLock { $0 = pthread_self() }
-        defer { loopThread.withLock { $0 = nil } }
+        precondition(!isRunning, "the event loop is already running")
+        loopThread.store(pthread_self(), ordering: .releasing)
+        defer { loopThread.store(0, ordering: .releasing) }
         try check(sd_event_loop(handle), "sd_event_loop")
+    }
+
+    /// Runs the loop on the calling thread, one iteration at a time, until `isDone` holds
+    /// (checked after each iteration): a synchronous caller waits for a reply without a
+    /// second thread. While it runs, the caller's thread is the loop thread.
+    public func run(until isDone: () -> Bool) throws(BusError) {
+        precondition(!isRunning, "the event loop is already running")
+        loopThread.store(pthread_self(), ordering: .releasing)
+        defer { loopThread.store(0, ordering: .releasing) }
+        while !isDone() {
+            try check(sd_event_run(handle, UInt64.max), "sd_event_run")
+        }
     }
 
     /// Sends WATCHDOG=1 automatically when systemd asked for it ($WATCHDOG_USEC); otherwise
@@ -78,11 +103,13 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
 
     /// Makes `run()` return once the current iteration finishes. Call on the loop thread.
     public func exit(code: Int32 = 0) {
+        preconditionCurrentOrIdle("EventLoop.exit called")
         sd_event_exit(handle, code)
     }
 
     /// Runs `body` on the loop thread after the current callback returns. Call on the loop thread.
     public func soon(_ body: @escaping () -> Void) {
+        preconditionCurrentOrIdle("EventLoop.soon called")
         let box = Unmanaged.passRetained(DeferredBox(body))
         var source: OpaquePointer?
         let r = sd_event_add_defer(handle, &source, { source, userdata in
@@ -99,14 +126,32 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
 
     /// Asks the loop to return after the work already queued, and waits for it.
     public func stop() {
-        guard loopThread.withLock({ $0 != nil }) else { return }
+        guard isRunning else { return }
         execute { [self] in _ = sd_event_exit(handle, 0) }
         finished.wait()
     }
 
+    /// Whether the calling thread is the one running the loop.
     public var isCurrent: Bool {
-        guard let owner = loopThread.withLock({ $0 }) else { return false }
-        return pthread_equal(owner, pthread_self()) != 0
+        let owner = loopThread.load(ordering: .acquiring)
+        return owner != 0 && pthread_equal(owner, pthread_self()) != 0
+    }
+
+    /// Whether a thread runs the loop now (`start()` until `stop()`, or inside `run()`).
+    public var isRunning: Bool { loopThread.load(ordering: .acquiring) != 0 }
+
+    /// Whether the calling thread may touch what belongs to the loop: it runs the loop, or
+    /// no thread does (set-up before `start()`/`run()`, tear-down after).
+    public var isCurrentOrIdle: Bool {
+        let owner = loopThread.load(ordering: .acquiring)
+        return owner == 0 || pthread_equal(owner, pthread_self()) != 0
+    }
+
+    /// Traps, in release builds too, unless `isCurrentOrIdle`: sd-bus and sd-event are not
+    /// thread-safe, and a reference count dropped on the wrong thread corrupts them silently.
+    public func preconditionCurrentOrIdle(_ what: @autoclosure () -> String,
+                                          file: StaticString = #fileID, line: UInt = #line) {
+        precondition(isCurrentOrIdle, "\(what()) off the thread of its event loop", file: file, line: line)
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
@@ -135,7 +180,7 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         }
         if wasEmpty {
             var one: UInt64 = 1
-            _ = write(wakeFD, &one, 8)
+            _ = try? withUnsafeBytes(of: &one) { try wakeFD.writeFully($0) }
         }
     }
 
@@ -164,10 +209,13 @@ private final class DeferredBox {
 
 /// An fd watched by the loop; the callback gets the epoll events. Disabled and freed on deinit.
 public final class IOWatch: @unchecked Sendable {
+    private let loop: EventLoop
     private var source: OpaquePointer?
     private let callback: (UInt32) -> Void
 
     public init(loop: EventLoop, fd: Int32, events: UInt32, callback: @escaping (UInt32) -> Void) throws(BusError) {
+        loop.preconditionCurrentOrIdle("IOWatch created")
+        self.loop = loop
         self.callback = callback
         let r = sd_event_add_io(loop.handle, &source, fd, events, { _, _, revents, userdata in
             Unmanaged<IOWatch>.fromOpaque(userdata!).takeUnretainedValue().callback(revents)
@@ -177,22 +225,25 @@ public final class IOWatch: @unchecked Sendable {
     }
 
     public func setEnabled(_ enabled: Bool) {
+        loop.preconditionCurrentOrIdle("IOWatch enabled or disabled")
         sd_event_source_set_enabled(source, enabled ? Int32(SD_EVENT_ON) : Int32(SD_EVENT_OFF))
     }
 
-    public func setEvents(_ events: UInt32) {
-        sd_event_source_set_io_events(source, events)
+    deinit {
+        loop.preconditionCurrentOrIdle("IOWatch released")
+        sd_event_source_disable_unref(source)
     }
-
-    deinit { sd_event_source_disable_unref(source) }
 }
 
 /// A one-shot monotonic timer on the loop. Cancelled on deinit.
 public final class LoopTimer: @unchecked Sendable {
+    private let loop: EventLoop
     private var source: OpaquePointer?
     private let callback: () -> Void
 
     public init(loop: EventLoop, afterMicroseconds delay: UInt64, callback: @escaping () -> Void) throws(BusError) {
+        loop.preconditionCurrentOrIdle("LoopTimer created")
+        self.loop = loop
         self.callback = callback
         var now: UInt64 = 0
         sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
@@ -203,7 +254,10 @@ public final class LoopTimer: @unchecked Sendable {
         try check(r, "sd_event_add_time")
     }
 
-    deinit { sd_event_source_disable_unref(source) }
+    deinit {
+        loop.preconditionCurrentOrIdle("LoopTimer released")
+        sd_event_source_disable_unref(source)
+    }
 }
 
 /// A signal delivered through the loop (signalfd); the signal is blocked for the whole process.
@@ -217,10 +271,13 @@ public final class SignalWatch: @unchecked Sendable {
         pthread_sigmask(SIG_BLOCK, &set, nil)
     }
 
+    private let loop: EventLoop
     private var source: OpaquePointer?
     private let callback: () -> Void
 
     public init(loop: EventLoop, signal: Int32, callback: @escaping () -> Void) throws(BusError) {
+        loop.preconditionCurrentOrIdle("SignalWatch created")
+        self.loop = loop
         self.callback = callback
         var set = sigset_t()
         sigemptyset(&set)
@@ -233,5 +290,8 @@ public final class SignalWatch: @unchecked Sendable {
         try check(r, "sd_event_add_signal")
     }
 
-    deinit { sd_event_source_disable_unref(source) }
+    deinit {
+        loop.preconditionCurrentOrIdle("SignalWatch released")
+        sd_event_source_disable_unref(source)
+    }
 }

@@ -60,8 +60,10 @@ public struct InterfaceDescription: Sendable {
     public func method(_ name: String) -> Method? { methods.first { $0.name == name } }
 }
 
-/// An incoming method call. Reply now, or keep it and reply later (exactly once).
-public final class MethodCall: @unchecked Sendable {
+/// An incoming method call. Reply now, or keep it and reply later (exactly once). Like its
+/// `Message` it belongs to the loop: not `Sendable`, so keeping it for later means keeping it
+/// in the loop's isolation (an actor on the loop, a task that inherits that actor).
+public final class MethodCall {
     public let message: Message
     public let bus: Bus
     public private(set) var answered = false
@@ -78,7 +80,7 @@ public final class MethodCall: @unchecked Sendable {
         precondition(!answered, "method call answered twice")
         var r: OpaquePointer?
         try check(sd_bus_message_new_method_return(message.handle, &r), "new method return")
-        let reply = Message(consuming: r!)
+        let reply = Message(consuming: r!, loop: bus.loop)
         try build(reply)
         try bus.send(reply)
         answered = true
@@ -97,7 +99,8 @@ public final class MethodCall: @unchecked Sendable {
 /// Handlers for one exported interface, keyed by member name.
 public struct InterfaceImplementation {
     public typealias MethodHandler = (MethodCall) throws(BusError) -> Void
-    public typealias PropertyGetter = (Message) throws(BusError) -> Void
+    /// Appends the value to the reply; `path` says which object, for handlers a subtree shares.
+    public typealias PropertyGetter = (_ reply: Message, _ path: String) throws(BusError) -> Void
 
     public var methods: [String: MethodHandler]
     public var properties: [String: PropertyGetter]
@@ -132,12 +135,12 @@ public final class ObjectHandlers: @unchecked Sendable {
         }
     }
 
-    fileprivate func get(_ name: String, _ reply: Message, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+    fileprivate func get(_ name: String, _ reply: Message, _ path: String, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
         guard let getter = implementation.properties[name] else {
             return BusError(name: "org.freedesktop.DBus.Error.UnknownProperty", message: "Unknown property \(name)").fill(error)
         }
         do {
-            try getter(reply)
+            try getter(reply, path)
             return 1
         } catch let failure {
             return failure.fill(error)
@@ -166,15 +169,17 @@ final class VTable {
                 keep(method.output.map(\.signature).joined()),
                 keepNames(method.input + method.output),
                 { m, userdata, error in
-                    Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue().dispatch(Message(borrowing: m!), error)
+                    let handlers = Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue()
+                    return handlers.dispatch(Message(borrowing: m!, loop: handlers.bus.loop), error)
                 },
                 // Authorisation is the daemon's own, per caller identity, not sd-bus's UID check.
                 shim_vtable_flag_unprivileged()))
         }
         for property in interface.properties {
             let flags = property.change == .constant ? shim_vtable_flag_property_const() : shim_vtable_flag_property_emits_change()
-            entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, _, _, name, reply, userdata, error in
-                Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue().get(String(cString: name!), Message(borrowing: reply!), error)
+            entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, path, _, name, reply, userdata, error in
+                let handlers = Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue()
+                return handlers.get(String(cString: name!), Message(borrowing: reply!, loop: handlers.bus.loop), String(cString: path!), error)
             }, flags))
         }
         for signal in interface.signals {
@@ -216,11 +221,13 @@ final class VTable {
 public final class ExportedObject: @unchecked Sendable {
     public let path: String
     public let interface: InterfaceDescription
+    private let loop: EventLoop
     private let handlers: ObjectHandlers
     private let vtable: VTable
     private var slot: OpaquePointer?
 
     init(bus: Bus, path: String, interface: InterfaceDescription, implementation: InterfaceImplementation) throws(BusError) {
+        loop = bus.loop
         self.path = path
         self.interface = interface
         handlers = ObjectHandlers(implementation: implementation, bus: bus)
@@ -230,7 +237,10 @@ public final class ExportedObject: @unchecked Sendable {
         try check(r, "exporting \(interface.name) at \(path)")
     }
 
-    deinit { sd_bus_slot_unref(slot) }
+    deinit {
+        loop.preconditionCurrentOrIdle("exported object \(path) released")
+        sd_bus_slot_unref(slot)
+    }
 }
 
 /// One interface served for a family of objects under a prefix, which exist per caller:
@@ -244,12 +254,14 @@ public final class ExportedSubtree: @unchecked Sendable {
     private let find: Find
     private let enumerate: Enumerate
     private unowned let bus: Bus
+    private let loop: EventLoop
     private var vtableSlot: OpaquePointer?
     private var enumeratorSlot: OpaquePointer?
 
     init(bus: Bus, prefix: String, interface: InterfaceDescription, template: InterfaceImplementation,
          find: @escaping Find, enumerate: @escaping Enumerate) throws(BusError) {
         self.bus = bus
+        loop = bus.loop
         self.find = find
         self.enumerate = enumerate
         vtable = VTable(interface, implementation: template)
@@ -283,6 +295,7 @@ public final class ExportedSubtree: @unchecked Sendable {
     }
 
     deinit {
+        loop.preconditionCurrentOrIdle("exported subtree released")
         sd_bus_slot_unref(enumeratorSlot)
         sd_bus_slot_unref(vtableSlot)
     }

@@ -1,5 +1,6 @@
 import CSystemd
 import Glibc
+import SystemCalls
 
 /// Structured entries for the systemd journal, through `sd_journal_sendv`.
 public enum Journal {
@@ -8,9 +9,8 @@ public enum Journal {
     public static var isConnected: Bool {
         guard let stream = getenv("JOURNAL_STREAM").map({ String(cString: $0) }) else { return false }
         let parts = stream.split(separator: ":")
-        var info = stat()
-        guard parts.count == 2, fstat(STDERR_FILENO, &info) == 0 else { return false }
-        return parts[0] == "\(info.st_dev)" && parts[1] == "\(info.st_ino)"
+        guard parts.count == 2, let info = try? FileDescriptor.standardError.status() else { return false }
+        return parts[0] == "\(info.device)" && parts[1] == "\(info.inode)"
     }
 
     /// Sends one entry; `fields` are journal field names (upper case) and values.

@@ -1,19 +1,34 @@
 import CSystemd
+import SystemCalls
 
 /// Owns one reference to an `sd_bus_message`. Appends and reads mirror
 /// `sd_bus_message_append_basic` / `sd_bus_message_read_basic` one to one.
-public final class Message: @unchecked Sendable {
-    public let handle: OpaquePointer
+///
+/// A message belongs to its bus's event loop: the last unref of a message unrefs its
+/// `sd_bus`, which is not thread-safe. So it is not `Sendable` (the compiler keeps it in the
+/// isolation it was made in: decode it there and send the values), and every use, its
+/// release included, checks that it happens on the loop's thread (or while no thread runs
+/// the loop), in release builds too.
+public final class Message {
+    private let bound: LoopBound<OpaquePointer>
+
+    /// The `sd_bus_message*`; reading it off the loop's thread traps.
+    public var handle: OpaquePointer { bound.value }
 
     /// Takes over a reference the caller already owns.
-    public init(consuming handle: OpaquePointer) { self.handle = handle }
-
-    /// Takes a new reference, for messages sd-bus lends to a callback.
-    public init(borrowing handle: OpaquePointer) {
-        self.handle = sd_bus_message_ref(handle)
+    init(consuming handle: OpaquePointer, loop: EventLoop) {
+        bound = LoopBound(handle, loop: loop)
     }
 
-    deinit { sd_bus_message_unref(handle) }
+    /// Takes a new reference, for messages sd-bus lends to a callback.
+    init(borrowing handle: OpaquePointer, loop: EventLoop) {
+        bound = LoopBound(sd_bus_message_ref(handle), loop: loop)
+    }
+
+    deinit {
+        bound.loop.preconditionCurrentOrIdle("sd_bus_message released")
+        sd_bus_message_unref(bound.value)
+    }
 
     public var sender: String? { sd_bus_message_get_sender(handle).map { String(cString: $0) } }
     /// For a reply being built, the peer it goes to.
@@ -26,11 +41,6 @@ public final class Message: @unchecked Sendable {
     public var error: BusError? {
         guard let error = sd_bus_message_get_error(handle), sd_bus_error_is_set(error) != 0 else { return nil }
         return BusError(error)
-    }
-
-    /// Marks a method call as not expecting a reply.
-    public func setExpectReply(_ expect: Bool) {
-        sd_bus_message_set_expect_reply(handle, expect ? 1 : 0)
     }
 
     // MARK: Appending
@@ -92,9 +102,11 @@ public final class Message: @unchecked Sendable {
     /// Reads a descriptor and returns a duplicate the caller owns (close-on-exec).
     public func readFileDescriptor() throws(BusError) -> Int32 {
         let borrowed = try readBorrowedFileDescriptor()
-        let owned = shim_dupfd_cloexec(borrowed)
-        if owned < 0 { throw BusError.system(-shim_errno(), "F_DUPFD_CLOEXEC") }
-        return owned
+        do {
+            return try FileDescriptor(rawValue: borrowed).duplicateCloseOnExec().rawValue
+        } catch {
+            throw BusError.system(-error.rawValue, "F_DUPFD_CLOEXEC")
+        }
     }
 
     private func readStringLike(_ type: Unicode.Scalar) throws(BusError) -> String {

@@ -11,7 +11,6 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -21,8 +20,6 @@
 #include <systemd/sd-event.h>
 #include <systemd/sd-journal.h>
 #include <sys/uio.h>
-
-static inline int shim_errno(void) { return errno; }
 
 static inline sd_bus_vtable shim_vtable_start(uint64_t flags) {
     sd_bus_vtable v;
@@ -99,8 +96,6 @@ static inline int shim_bus_error_set(sd_bus_error *e, const char *name, const ch
 
 static inline int shim_notify(const char *state) { return sd_notify(0, state); }
 
-static inline int shim_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
-
 static inline int shim_pipe(int fds[2]) { return (int)syscall(SYS_pipe2, fds, O_CLOEXEC | O_NONBLOCK); }
 static inline int shim_pipe_blocking(int fds[2]) { return (int)syscall(SYS_pipe2, fds, O_CLOEXEC); }
 
@@ -127,9 +122,6 @@ static inline int shim_seal_shrink(void) { return 0x0002; }
 static inline int shim_seal_grow(void) { return 0x0004; }
 static inline int shim_seal_write(void) { return 0x0008; }
 
-/* memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) */
-static inline int shim_memfd_create(const char *name) { return (int)syscall(SYS_memfd_create, name, 0x1u | 0x2u); }
-
 /* F_ADD_SEALS with F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
 static inline int shim_seal_all(int fd) { return fcntl(fd, 1024 + 9, 0x1 | 0x2 | 0x4 | 0x8); }
 
@@ -143,7 +135,5 @@ static inline void shim_ignore_sigpipe(void) { signal(SIGPIPE, SIG_IGN); }
 
 static inline uint32_t shim_epollin(void) { return EPOLLIN; }
 static inline uint32_t shim_epollout(void) { return EPOLLOUT; }
-static inline uint32_t shim_epollhup(void) { return EPOLLHUP; }
-static inline uint32_t shim_epollerr(void) { return EPOLLERR; }
 
 #endif

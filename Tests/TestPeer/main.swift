@@ -4,10 +4,9 @@
 // lines, and a source prints `HANDLER <item> <type>` each time a load handler runs.
 import BrokerClient
 import BrokerProtocol
-import CSystemd
 import Foundation
-import SystemPackage
 import Synchronization
+import SystemCalls
 
 let output = Mutex(FileHandle.standardOutput)
 
@@ -112,12 +111,11 @@ final class Peer: Sendable {
             case "loadfile":
                 // The descriptor itself: its size, contents, and whether it is writable.
                 let fd = try await lastDrop().loadFile(item: Int(args[0])!, typeIdentifier: args[1])
-                defer { try? fd.close() }
-                var info = stat()
-                fstat(fd.rawValue, &info)
-                let data = try readAll(fd.rawValue)
-                let mode = fcntl(fd.rawValue, F_GETFL) & O_ACCMODE == O_RDONLY ? "readonly" : "writable"
-                return "OK \(info.st_size) \(mode) \(data.count <= 64 ? data.base64EncodedString() : (data == patternBytes(data.count) ? "pattern" : "mismatch"))"
+                defer { fd.closeQuietly() }
+                let size = try fd.status().size
+                let data = try readAll(fd)
+                let mode = try fd.isReadOnly() ? "readonly" : "writable"
+                return "OK \(size) \(mode) \(data.count <= 64 ? data.base64EncodedString() : (data == patternBytes(data.count) ? "pattern" : "mismatch"))"
             case "loadprogress":
                 // Loads with progress, printing each report, then the totals.
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1]) { bytes, expected in
@@ -181,11 +179,65 @@ final class Peer: Sendable {
             case "sessions":
                 let sessions = try await connection.listSessions()
                 return "OK " + sessions.map { "\($0.id):\($0.state)" }.joined(separator: ",")
+            case "stress":
+                return try await stress(tasks: Int(args[0])!, rounds: Int(args[1])!, item: Int(args[2])!, type: args[3])
+            case "churn":
+                return try await churn(Int(args[0])!)
             default: return "ERR usage unknown command \(command)"
             }
         } catch {
             return describe(error)
         }
+    }
+
+    /// `tasks` tasks at once, each `rounds` times: five connection and session calls, then
+    /// the load twice, once with progress. Each answer is checked; the counts are returned.
+    /// Replies and signals arrive on the connection's loop thread while every caller waits on
+    /// the cooperative pool: a message released off its loop would end the process here.
+    func stress(tasks: Int, rounds: Int, item: Int, type: String) async throws -> String {
+        let drop = try lastDrop()
+        let expected = try await drop.loadData(item: item, typeIdentifier: type)
+        let identity = try await connection.whoAmI()
+        let progressReports = Tally()
+        let (calls, loads, bytes) = try await withThrowingTaskGroup(of: (Int, Int, Int).self) { group in
+            for _ in 0..<tasks {
+                group.addTask {
+                    var calls = 0, loads = 0, bytes = 0
+                    for _ in 0..<rounds {
+                        guard try await self.connection.whoAmI() == identity else { throw BrokerError(.failed, "stress: whoAmI changed") }
+                        guard let session = try await self.connection.listSessions().first else { throw BrokerError(.failed, "stress: no session") }
+                        guard try await self.connection.describeSession(session.id).id == session.id else { throw BrokerError(.failed, "stress: other session") }
+                        guard try await drop.items().count > item else { throw BrokerError(.failed, "stress: items vanished") }
+                        guard try await drop.items(conformingTo: type).contains(item) else { throw BrokerError(.failed, "stress: no conforming item") }
+                        calls += 5
+                        let data = try await drop.loadData(item: item, typeIdentifier: type)
+                        let watched = try await drop.loadData(item: item, typeIdentifier: type) { _, _ in
+                            progressReports.add(1)
+                        }
+                        guard data == expected, watched == expected else { throw BrokerError(.failed, "stress: bytes differ") }
+                        loads += 2
+                        bytes += data.count + watched.count
+                    }
+                    return (calls, loads, bytes)
+                }
+            }
+            return try await group.reduce((0, 0, 0)) { ($0.0 + $1.0, $0.1 + $1.1, $0.2 + $1.2) }
+        }
+        // Each watched load reports at least its 100 %.
+        guard progressReports.total >= loads / 2 else { throw BrokerError(.failed, "stress: progress missing") }
+        return "OK \(calls) \(loads) \(bytes)"
+    }
+
+    /// Connects `count` more times, one call each, and lets each connection go from a task on
+    /// the cooperative pool: its bus and slots must still be released on its own loop.
+    func churn(_ count: Int) async throws -> String {
+        var names = Set<String>()
+        for _ in 0..<count {
+            let other = try await BrokerConnection.connect()
+            _ = try await other.whoAmI()
+            names.insert(await other.uniqueName)
+        }
+        return "OK \(names.count)"
     }
 
     func lastDrop() throws -> DropSession {
@@ -270,6 +322,13 @@ final class Peer: Sendable {
     }
 }
 
+/// A count that tasks add to at once.
+final class Tally: Sendable {
+    private let value = Mutex(0)
+    func add(_ amount: Int) { value.withLock { $0 += amount } }
+    var total: Int { value.withLock { $0 } }
+}
+
 func describe(_ event: DragSessionEvent) -> String {
     switch event {
     case .loadRequested(let load, let item, let type): "loadRequested \(load) \(item) \(type)"
@@ -311,14 +370,13 @@ do {
     exit(1)
 }
 
-func readAll(_ fd: Int32) throws -> Data {
+func readAll(_ fd: FileDescriptor) throws -> Data {
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 1 << 16)
     while true {
-        let n = read(fd, &buffer, buffer.count)
-        if n > 0 { data.append(contentsOf: buffer[0..<n]); continue }
+        let n = try buffer.withUnsafeMutableBytes { try fd.readSome(into: $0) }
         if n == 0 { return data }
-        throw BrokerError(.failed, "read failed: \(errno)")
+        data.append(contentsOf: buffer[0..<n])
     }
 }
 
@@ -334,26 +392,20 @@ func makeFile(_ kind: String, _ bytes: Data) throws -> FileDescriptor {
         try bytes.write(to: URL(fileURLWithPath: path))
         return try FileDescriptor.open(path, kind == "readonly" ? .readOnly : .readWrite)
     case "unsealed":
-        let fd = memfd_unsealed()
-        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        return FileDescriptor(rawValue: fd)
+        let fd = try Kernel.makeMemoryFile(name: "unsealed")
+        try bytes.withUnsafeBytes { try fd.writeFully($0) }
+        return fd
     case "directory":
         return try FileDescriptor.open(directory.path, .readOnly)
     case "pipe":
-        var ends: [Int32] = [-1, -1]
-        pipe(&ends)
-        close(ends[1])
-        return FileDescriptor(rawValue: ends[0])
+        let (readEnd, writeEnd) = try FileDescriptor.makePipe(nonBlocking: false)
+        writeEnd.closeQuietly()
+        return readEnd
     case "socket":
-        var pair: [Int32] = [-1, -1]
-        socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair)
-        close(pair[1])
-        return FileDescriptor(rawValue: pair[0])
+        let (kept, other) = try FileDescriptor.makeSocketPair()
+        other.closeQuietly()
+        return kept
     default:
         throw BrokerError(.invalidArgument, "peer: unknown file kind \(kind)")
     }
-}
-
-func memfd_unsealed() -> Int32 {
-    shim_memfd_create("unsealed")
 }

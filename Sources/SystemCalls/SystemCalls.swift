@@ -1,0 +1,238 @@
+// Every raw system call the daemon, the client library and the bus layer make, each behind
+// one typed wrapper. errno is captured inside the wrapper, right after the call, and EINTR
+// is retried in one place (`valueOrErrno`), as swift-system's own `FileOperations.swift`
+// does. Descriptors are swift-system's `FileDescriptor`; failures its `Errno`.
+import CLinux
+import Glibc
+@_exported import SystemPackage
+
+/// Runs `call` until it stops failing with EINTR; -1 becomes the errno it left.
+@inline(__always)
+private func valueOrErrno<I: FixedWidthInteger>(_ call: () -> I) throws(Errno) -> I {
+    while true {
+        let result = call()
+        if result != -1 { return result }
+        let error = Errno(rawValue: linux_errno())
+        if error != .interrupted { throw error }
+    }
+}
+
+// MARK: Pipes and splice
+
+extension FileDescriptor {
+    /// pipe2(2) with O_CLOEXEC, and O_NONBLOCK on both ends when `nonBlocking`.
+    public static func makePipe(nonBlocking: Bool) throws(Errno) -> (readEnd: FileDescriptor, writeEnd: FileDescriptor) {
+        var fds: [Int32] = [-1, -1]
+        _ = try valueOrErrno { linux_pipe2(&fds, nonBlocking ? 1 : 0) }
+        return (FileDescriptor(rawValue: fds[0]), FileDescriptor(rawValue: fds[1]))
+    }
+
+    /// fcntl(F_SETFL): clears or sets O_NONBLOCK, keeping the other status flags.
+    public func setNonBlocking(_ nonBlocking: Bool) throws(Errno) {
+        let flags = try valueOrErrno { linux_get_flags(rawValue) }
+        let wanted = nonBlocking ? flags | O_NONBLOCK : flags & ~O_NONBLOCK
+        if wanted != flags { _ = try valueOrErrno { linux_set_flags(rawValue, wanted) } }
+    }
+
+    /// fcntl(F_SETPIPE_SZ). An unprivileged user may be capped by /proc/sys/fs/pipe-max-size.
+    public func setPipeCapacity(_ bytes: Int32) throws(Errno) {
+        _ = try valueOrErrno { linux_set_pipe_size(rawValue, bytes) }
+    }
+
+    /// fcntl(F_GETPIPE_SZ).
+    public func pipeCapacity() throws(Errno) -> Int32 {
+        try valueOrErrno { linux_get_pipe_size(rawValue) }
+    }
+
+    /// ioctl(FIONREAD): bytes waiting to be read from a pipe or socket.
+    public func bytesPending() throws(Errno) -> Int {
+        var count: Int32 = 0
+        _ = try valueOrErrno { linux_pending_bytes(rawValue, &count) }
+        return Int(count)
+    }
+
+    /// splice(2) of up to `count` bytes into `output`, never blocking (SPLICE_F_NONBLOCK) and
+    /// moving pages rather than copying them where it can. 0 means end of file;
+    /// `.resourceTemporarilyUnavailable` that either pipe is not ready.
+    public func splice(to output: FileDescriptor, count: Int) throws(Errno) -> Int {
+        try valueOrErrno { linux_splice(rawValue, output.rawValue, count) }
+    }
+
+    /// poll(2) without waiting: which of `events` (POLLIN, POLLOUT) hold now, plus POLLHUP
+    /// and POLLERR, which poll always reports.
+    public func readiness(_ events: Int16) throws(Errno) -> Int16 {
+        var entry = pollfd(fd: rawValue, events: events, revents: 0)
+        let ready = try valueOrErrno { poll(&entry, 1, 0) }
+        return ready == 0 ? 0 : entry.revents
+    }
+}
+
+// MARK: Sockets
+
+extension FileDescriptor {
+    /// socketpair(2): two connected AF_UNIX stream sockets, close-on-exec.
+    public static func makeSocketPair() throws(Errno) -> (FileDescriptor, FileDescriptor) {
+        var fds: [Int32] = [-1, -1]
+        _ = try valueOrErrno { socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) }
+        return (FileDescriptor(rawValue: fds[0]), FileDescriptor(rawValue: fds[1]))
+    }
+}
+
+// MARK: Descriptors and files
+
+/// What fstat(2) says about a descriptor, as far as this project asks.
+public struct FileStatus: Sendable, Equatable {
+    public enum Kind: Sendable, Equatable { case regular, directory, socket, fifo, other }
+    public var kind: Kind
+    public var size: UInt64
+    public var device: UInt64
+    public var inode: UInt64
+}
+
+/// memfd seals (F_ADD_SEALS): what may no longer happen to the file's contents.
+public struct FileSeals: OptionSet, Sendable {
+    public let rawValue: Int32
+    public init(rawValue: Int32) { self.rawValue = rawValue }
+    /// No further seals may be added.
+    public static let seal = FileSeals(rawValue: 0x1)
+    public static let shrink = FileSeals(rawValue: 0x2)
+    public static let grow = FileSeals(rawValue: 0x4)
+    public static let write = FileSeals(rawValue: 0x8)
+    /// What makes a memfd's contents fixed for every reader.
+    public static let immutable: FileSeals = [.shrink, .grow, .write]
+}
+
+extension FileDescriptor {
+    /// fcntl(F_DUPFD_CLOEXEC): a new descriptor the caller owns, e.g. to keep one that a bus
+    /// message only lends.
+    public func duplicateCloseOnExec() throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { linux_dupfd_cloexec(rawValue) })
+    }
+
+    /// fstat(2).
+    public func status() throws(Errno) -> FileStatus {
+        var info = Glibc.stat()
+        _ = try valueOrErrno { Glibc.fstat(rawValue, &info) }
+        let kind: FileStatus.Kind = switch info.st_mode & S_IFMT {
+        case S_IFREG: .regular
+        case S_IFDIR: .directory
+        case S_IFSOCK: .socket
+        case S_IFIFO: .fifo
+        default: .other
+        }
+        return FileStatus(kind: kind, size: UInt64(max(0, info.st_size)), device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+    }
+
+    /// fcntl(F_GETFL) & O_ACCMODE: whether the descriptor was opened for reading only.
+    public func isReadOnly() throws(Errno) -> Bool {
+        try valueOrErrno { linux_get_flags(rawValue) } & O_ACCMODE == O_RDONLY
+    }
+
+    /// fcntl(F_GET_SEALS); nil for a file that cannot carry seals (anything but a memfd).
+    public func seals() throws(Errno) -> FileSeals? {
+        do {
+            return FileSeals(rawValue: try valueOrErrno { linux_get_seals(rawValue) })
+        } catch .invalidArgument {
+            return nil
+        }
+    }
+
+    /// fcntl(F_ADD_SEALS).
+    public func addSeals(_ seals: FileSeals) throws(Errno) {
+        _ = try valueOrErrno { linux_add_seals(rawValue, seals.rawValue) }
+    }
+
+    /// A new read-only descriptor for the same file, with its own offset, through
+    /// /proc/self/fd: what the holder of the old one can do no longer matters.
+    public func reopenReadOnly() throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { Glibc.open("/proc/self/fd/\(rawValue)", O_RDONLY | O_CLOEXEC) })
+    }
+
+    /// lseek(2) to the start.
+    public func rewind() throws(Errno) {
+        _ = try valueOrErrno { Glibc.lseek(rawValue, 0, SEEK_SET) }
+    }
+
+    /// One read(2) into `buffer`; 0 at end of file.
+    public func readSome(into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Int {
+        try valueOrErrno { Glibc.read(rawValue, buffer.baseAddress, buffer.count) }
+    }
+
+    /// write(2) until every byte of `bytes` is out.
+    public func writeFully(_ bytes: UnsafeRawBufferPointer) throws(Errno) {
+        var offset = 0
+        while offset < bytes.count {
+            offset += try valueOrErrno { Glibc.write(rawValue, bytes.baseAddress! + offset, bytes.count - offset) }
+        }
+    }
+
+    /// close(2), for a descriptor whose owner is done with it; a failure leaves nothing to do.
+    public func closeQuietly() {
+        _ = Glibc.close(rawValue)
+    }
+}
+
+// MARK: The kernel's other services
+
+public enum Kernel {
+    /// getrandom(2): `count` bytes from the kernel's CSPRNG, blocking only before it is seeded.
+    public static func randomBytes(_ count: Int) throws(Errno) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: count)
+        var filled = 0
+        while filled < count {
+            // withUnsafeMutableBytes only rethrows untyped errors: carry the errno out in a Result.
+            filled += try bytes.withUnsafeMutableBytes { buffer in
+                Result { () throws(Errno) in try valueOrErrno { linux_getrandom(buffer.baseAddress! + filled, count - filled) } }
+            }.get()
+        }
+        return bytes
+    }
+
+    /// pidfd_open(2): pins a process, so its PID cannot be recycled while the descriptor lives.
+    public static func openProcess(_ pid: pid_t) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { linux_pidfd_open(pid) })
+    }
+
+    /// memfd_create(2) with close-on-exec and sealing allowed.
+    public static func makeMemoryFile(name: String) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { linux_memfd_create(name) })
+    }
+
+    /// eventfd(2), non-blocking and close-on-exec: how other threads wake an event loop.
+    public static func makeEventFD() throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { linux_eventfd() })
+    }
+
+    /// A peer that closes its pipe must cost an EPIPE, never the process.
+    public static func ignoreSIGPIPE() {
+        linux_ignore_sigpipe()
+    }
+
+    /// CLOCK_MONOTONIC in microseconds.
+    public static func monotonicMicroseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1_000
+    }
+
+    /// Runs `body` with SIGPIPE blocked on this thread, and consumes one it raised before the
+    /// mask is restored: a write to a pipe whose reader left fails with EPIPE instead of
+    /// killing a process whose signal handling is not ours to change (the client library's).
+    public static func withSIGPIPEBlocked<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        var block = sigset_t()
+        var previous = sigset_t()
+        sigemptyset(&block)
+        sigaddset(&block, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &block, &previous)
+        defer {
+            var pending = sigset_t()
+            sigpending(&pending)
+            if sigismember(&pending, SIGPIPE) == 1 {
+                var zero = timespec()
+                _ = sigtimedwait(&block, nil, &zero)
+            }
+            pthread_sigmask(SIG_SETMASK, &previous, nil)
+        }
+        return try body()
+    }
+}

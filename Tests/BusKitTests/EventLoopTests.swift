@@ -1,0 +1,61 @@
+@testable import BusKit
+import Foundation
+import Synchronization
+import XCTest
+
+/// Who may touch what belongs to an event loop: the thread running it, or anyone while none does.
+final class EventLoopTests: XCTestCase {
+    func testOwnershipFollowsTheThreadRunningTheLoop() throws {
+        let loop = try EventLoop()
+        XCTAssertFalse(loop.isRunning)
+        XCTAssertTrue(loop.isCurrentOrIdle, "before start, the thread setting it up owns it")
+        XCTAssertFalse(loop.isCurrent)
+
+        loop.start(name: "test-loop")
+        XCTAssertTrue(loop.isRunning)
+        XCTAssertFalse(loop.isCurrentOrIdle, "another thread runs it now")
+        let onLoop = Mutex<[Bool]>([])
+        let done = DispatchSemaphore(value: 0)
+        loop.execute {
+            onLoop.withLock { $0 = [loop.isCurrent, loop.isCurrentOrIdle] }
+            done.signal()
+        }
+        done.wait()
+        XCTAssertEqual(onLoop.withLock { $0 }, [true, true])
+
+        loop.stop()
+        XCTAssertFalse(loop.isRunning)
+        XCTAssertTrue(loop.isCurrentOrIdle, "after stop, whoever tears it down owns it")
+    }
+
+    func testRunUntilMakesTheCallerTheLoopThread() throws {
+        let loop = try EventLoop()
+        var seen: [Bool] = []
+        var done = false
+        loop.soon {
+            seen = [loop.isCurrent, loop.isRunning]
+            done = true
+        }
+        try loop.run { done }
+        XCTAssertEqual(seen, [true, true])
+        XCTAssertFalse(loop.isRunning)
+    }
+
+    func testALoopBoundValueIsReadAndChangedOnItsLoop() throws {
+        let loop = try EventLoop()
+        var bound = LoopBound([1, 2], loop: loop)
+        bound.value.append(3)
+        XCTAssertEqual(bound.value, [1, 2, 3])
+        loop.start(name: "test-loop")
+        defer { loop.stop() }
+        let shared = bound
+        let seen = Mutex<[Int]>([])
+        let done = DispatchSemaphore(value: 0)
+        loop.execute {
+            seen.withLock { $0 = shared.value }
+            done.signal()
+        }
+        done.wait()
+        XCTAssertEqual(seen.withLock { $0 }, [1, 2, 3])
+    }
+}
