@@ -31,7 +31,6 @@ final class BatchWriter: @unchecked Sendable {
     /// what lets `flush` rely on queue order alone.
     private var drainScheduled = false
     private var lastError: (any Error)?
-    private var batchCount = 0
 
     init(pool: DatabasePool, capacity: Int, onError: (@Sendable (any Error) -> Void)?) {
         precondition(capacity > 0, "transfer log queue capacity must be positive")
@@ -49,11 +48,6 @@ final class BatchWriter: @unchecked Sendable {
     private var failing = false
     var isFailing: Bool {
         lock.withLock { failing }
-    }
-
-    /// Lets tests check that a burst is committed as one transaction.
-    var committedBatches: Int {
-        lock.withLock { batchCount }
     }
 
     var isFull: Bool {
@@ -83,10 +77,10 @@ final class BatchWriter: @unchecked Sendable {
         queue.sync {}
     }
 
-    /// Lets tests hold entries in memory to observe the capacity bound.
-    /// Must be balanced by `resume()` before `flush()` or deinit.
-    func suspend() { queue.suspend() }
-    func resume() { queue.resume() }
+    /// Runs `body` on the writer's queue, after every entry submitted before it.
+    func perform(_ body: @escaping @Sendable () -> Void) {
+        queue.async(execute: body)
+    }
 
     private func drain() {
         let batch: [TransferLog.Entry] = lock.withLock {
@@ -106,10 +100,7 @@ final class BatchWriter: @unchecked Sendable {
             try pool.write { db in
                 for entry in batch { try entry.insert(db) }
             }
-            lock.withLock {
-                batchCount += 1
-                failing = false
-            }
+            lock.withLock { failing = false }
         } catch {
             // One bad row (say, a duplicate session ID) must not take the rest
             // of the batch with it, so retry entry by entry to isolate it.

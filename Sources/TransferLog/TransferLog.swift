@@ -5,6 +5,8 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
     case missingDatabase(path: String)
     /// The file is not a transfer log, or was written by an incompatible version.
     case unsupportedSchema(path: String)
+    /// A log opened for reading was asked to write.
+    case readOnly
 
     public var description: String {
         switch self {
@@ -12,6 +14,8 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
             "no transfer log at \(path) (has dragbrokerd run yet?)"
         case .unsupportedSchema(let path):
             "\(path) is not a transfer log this version of dragbroker can read"
+        case .readOnly:
+            "the transfer log was opened read-only"
         }
     }
 }
@@ -129,8 +133,23 @@ public final class TransferLog: Sendable {
         }
     }
 
-    /// Deletes records that ended before `cutoff`; returns how many went. Retention, run by
-    /// the daemon off its bus thread.
+    /// Deletes records that ended before `cutoff` on the writer's queue, after every entry
+    /// submitted before it, and reports how many went there: the caller never waits for SQLite.
+    /// A read-only log reports `TransferLogError.readOnly` at once, on the caller's thread.
+    public func prune(endedBefore cutoff: Date, then report: @escaping @Sendable (Result<Int, any Error>) -> Void) {
+        guard let writer else { return report(.failure(TransferLogError.readOnly)) }
+        writer.perform { report(Result { try self.prune(endedBefore: cutoff) }) }
+    }
+
+    /// The highest session number (see `highestSessionNumber(prefix:)`), read and reported on
+    /// the writer's queue after every entry submitted before it; a read-only log has no writer,
+    /// so it reads and reports on the caller's thread.
+    public func highestSessionNumber(prefix: String, then report: @escaping @Sendable (Result<Int, any Error>) -> Void) {
+        guard let writer else { return report(Result { try self.highestSessionNumber(prefix: prefix) }) }
+        writer.perform { report(Result { try self.highestSessionNumber(prefix: prefix) }) }
+    }
+
+    /// Deletes records that ended before `cutoff`; returns how many went.
     @discardableResult
     public func prune(endedBefore cutoff: Date) throws -> Int {
         let micros = Int64((cutoff.timeIntervalSince1970 * 1_000_000).rounded())
@@ -214,13 +233,6 @@ public final class TransferLog: Sendable {
                 .fetchAll(db)
         }
     }
-
-    /// Lets tests inspect the file without depending on GRDB themselves.
-    func strings(sql: String) throws -> [String] {
-        try pool.read { try String.fetchAll($0, sql: sql) }
-    }
-
-    var backgroundWriter: BatchWriter? { writer }
 }
 
 extension TransferLog {

@@ -4,6 +4,8 @@ import BusKit
 import CSystemd
 import Foundation
 import Logging
+import Synchronization
+import SystemCalls
 import TransferLog
 import UniformTypes
 
@@ -79,13 +81,13 @@ func runDaemon() -> Int32 {
     logger.logLevel = ProcessInfo.processInfo.environment["DRAGBROKER_DEBUG"] == nil ? .info : .debug
 
     // A peer that closes its pipe must cost an EPIPE, never the daemon.
-    shim_ignore_sigpipe()
+    Kernel.ignoreSIGPIPE()
     // Signals arrive through the loop; block them before any other thread exists.
     SignalWatch.block([SIGTERM, SIGINT, SIGHUP])
     do {
         let policy: Policy
         do {
-            policy = try Broker.loadPolicy(directory: options.policyDirectory)
+            policy = try Daemon.loadPolicy(directory: options.policyDirectory)
         } catch {
             logger.critical("Failed to load the policy: \(error)")
             return 1
@@ -95,36 +97,51 @@ func runDaemon() -> Int32 {
         let transferLog = try TransferLog(path: path) { error in
             Logger(label: "dragbrokerd").error("Failed to write the transfer log: \(error)")
         }
+        // Session IDs continue after the log's highest, read on the log's own queue while the
+        // bus connects; nothing is served before it is known.
+        let highest = Mutex<Result<Int, any Error>>(.success(0))
+        let highestRead = DispatchSemaphore(value: 0)
+        transferLog.highestSessionNumber(prefix: Registry.sessionIDPrefix) { result in
+            highest.withLock { $0 = result }
+            highestRead.signal()
+        }
         let address = options.address ?? ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"]
         let bus = try Bus.connect(address: address, loop: loop, description: "dragbrokerd")
-        let broker = Broker(bus: bus, transferLog: transferLog, policy: policy, policyDirectory: options.policyDirectory,
-                            types: MimeDatabase.system, logger: logger)
-        try broker.start()
-        broker.applyRetention()
+        highestRead.wait()
+        var firstSessionNumber = 1
+        do {
+            firstSessionNumber = try highest.withLock { try $0.get() } + 1
+        } catch {
+            logger.warning("Failed to read the last session ID from the transfer log: \(error), numbering from 1")
+        }
+        let daemon = Daemon(bus: bus, transferLog: transferLog, policy: policy, policyDirectory: options.policyDirectory,
+                            types: MimeDatabase.system, firstSessionNumber: firstSessionNumber, logger: logger)
+        try daemon.start()
+        daemon.applyRetention()
         // sd-bus closes the connection when the loop exits: end sessions while it still works.
         let terminate = { [logger] in
             logger.info("Received a termination signal, ending sessions")
-            broker.shutdown()
+            daemon.shutdown()
             loop.exit()
         }
-        broker.idleExit = options.exitIdleTime
-        broker.onIdle = {
+        daemon.idleExit = options.exitIdleTime
+        daemon.onIdle = {
             // Give the name back first, so the next caller activates a new daemon.
             try? bus.releaseName(BrokerNames.busName)
-            broker.shutdown()
+            daemon.shutdown()
             loop.exit()
         }
         var watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
         watches.append(try SignalWatch(loop: loop, signal: SIGHUP) {
             logger.info("Received SIGHUP, reloading the policy")
-            try? broker.reloadPolicy()
+            try? daemon.reloadPolicy()
         })
         try bus.requestName(BrokerNames.busName)
         logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
         // Ready only now that the name is ours: activation waits for exactly this.
         _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName), no live session")
         loop.enableWatchdog()
-        broker.armIdleTimer()
+        daemon.armIdleTimer()
         try loop.run()
         withExtendedLifetime(watches) {}
         return 0

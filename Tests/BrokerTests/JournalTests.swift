@@ -91,5 +91,17 @@ final class JournalTests: XCTestCase {
         XCTAssertEqual(refusal?["DRAGBROKER_TYPE"], "text/plain")
         XCTAssertEqual(refusal?["DRAGBROKER_ERROR"], BrokerErrorCode.wrongState.busName)
         XCTAssertEqual(refusal?["DRAGBROKER_APP"], destination.executable.path)
+
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        let ended = waitFor { $0["MESSAGE_ID"] == "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60" }
+        XCTAssertEqual(ended?["MESSAGE"], "Session s1 from \(source.executable.path) ended: completed, operation copy")
+        XCTAssertEqual(ended?["PRIORITY"], "6")
+        XCTAssertEqual(ended?["DRAGBROKER_SESSION"], "s1")
+        XCTAssertEqual(ended?["DRAGBROKER_SOURCE_APP"], source.executable.path)
+        XCTAssertEqual(ended?["DRAGBROKER_DESTINATION_APP"], destination.executable.path)
+        XCTAssertEqual(ended?["DRAGBROKER_ITEMS"], "1")
+        XCTAssertEqual(ended?["DRAGBROKER_OPERATION"], "copy")
+        XCTAssertEqual(ended?["DRAGBROKER_OUTCOME"], "completed")
+        XCTAssertEqual(ended?["DRAGBROKER_ERROR"], "")
     }
 }

@@ -1,7 +1,7 @@
 import BusKit
 import TransferLog
 
-/// The audit trail in the journal, beside SQLite: one entry per load and per refusal, with
+/// The audit trail in the journal, beside SQLite: one entry per load, per session and per refusal, with
 /// fixed MESSAGE_IDs and DRAGBROKER_* fields, so a fleet can forward it with
 /// systemd-journal-upload and select it with `journalctl MESSAGE_ID=…`.
 enum AuditJournal {
@@ -9,6 +9,8 @@ enum AuditJournal {
     static let transferMessageID = "9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c"
     /// `journalctl MESSAGE_ID=4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c`: a request was refused.
     static let refusalMessageID = "4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c"
+    /// `journalctl MESSAGE_ID=7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60`: a session ended.
+    static let sessionMessageID = "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60"
 
     static let enabled = Journal.isConnected
 
@@ -44,6 +46,23 @@ enum AuditJournal {
             ("DRAGBROKER_TYPE", refusal.subject ?? ""),
             ("DRAGBROKER_ERROR", refusal.errorName),
             ("DRAGBROKER_RULE", refusal.rule ?? ""),
+        ])
+    }
+
+    static func record(_ session: SessionRecord) {
+        guard enabled else { return }
+        Journal.send([
+            ("MESSAGE", "Session \(session.sessionID) from \(session.sourceApp) ended: \(session.outcome), operation \(session.operation)"),
+            ("MESSAGE_ID", sessionMessageID),
+            ("PRIORITY", session.outcome == "completed" ? "6" : "5"),
+            ("SYSLOG_IDENTIFIER", "dragbrokerd"),
+            ("DRAGBROKER_SESSION", session.sessionID),
+            ("DRAGBROKER_SOURCE_APP", session.sourceApp),
+            ("DRAGBROKER_DESTINATION_APP", session.destinationApp ?? ""),
+            ("DRAGBROKER_ITEMS", "\(session.itemCount)"),
+            ("DRAGBROKER_OPERATION", session.operation),
+            ("DRAGBROKER_OUTCOME", session.outcome),
+            ("DRAGBROKER_ERROR", session.errorName ?? ""),
         ])
     }
 }

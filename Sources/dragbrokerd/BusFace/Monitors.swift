@@ -1,14 +1,19 @@
 import BrokerProtocol
 import BusKit
+import Logging
 
 /// Operators watching live events (`dragctl monitor`). Events are unicast to each monitor
 /// that may inspect the session, never broadcast: a restricted session stays invisible.
 final class Monitors {
     static let limit = 16
-    private unowned let broker: Broker
+    private let bus: Bus
+    private let logger: Logger
     private var watchers: [String: AppIdentity] = [:]
 
-    init(broker: Broker) { self.broker = broker }
+    init(bus: Bus, logger: Logger) {
+        self.bus = bus
+        self.logger = logger
+    }
 
     func add(_ caller: AppIdentity) throws(BrokerError) {
         guard watchers[caller.uniqueName] != nil || watchers.count < Self.limit else {
@@ -23,12 +28,13 @@ final class Monitors {
     }
 
     /// `MonitorEvent(session, event, detail, bytes, expected)`.
-    func emit(_ session: Session, _ event: String, _ detail: String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
+    func emit(_ session: Session, _ event: String, _ detail: @autoclosure () -> String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
         guard !watchers.isEmpty else { return }
-        for (name, watcher) in watchers where ManagerObject.mayInspect(session, watcher) {
+        let detail = detail()
+        for (name, watcher) in watchers where session.mayBeInspected(by: watcher) {
             do {
-                try broker.bus.emitSignal(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
-                                          member: "MonitorEvent", destination: name) { m throws(BusError) in
+                try bus.emitSignal(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
+                                   member: "MonitorEvent", destination: name) { m throws(BusError) in
                     try m.append(session.id)
                     try m.append(event)
                     try m.append(detail)
@@ -36,7 +42,7 @@ final class Monitors {
                     try m.append(expected)
                 }
             } catch {
-                broker.logger.warning("Failed to send a monitor event to \(name): \(error), ignoring")
+                logger.warning("Failed to send a monitor event to \(name): \(error), ignoring")
             }
         }
     }

@@ -1,30 +1,55 @@
+// BusFace/ — the daemon's D-Bus surface, one file per interface: each handler parses its
+// arguments, authorises, calls the model and replies; signals come from the model's events.
+// A new method: its rule in Sessions/, its entry in BrokerProtocol's Interfaces.swift and
+// XML, and its handler here. Errors become D-Bus names in one place: `Dispatcher.fail`.
 import BrokerProtocol
 import BusKit
+import Logging
 
-/// The one place internal failures become D-Bus error names, and every refusal is audited:
-/// broker errors keep their name; malformed arguments found by sd-bus become `InvalidArgument`.
-func serve(_ broker: Broker, _ action: String, session: Session? = nil, subject: ((Message) -> String?)? = nil,
-           _ body: @escaping (MethodCall) throws -> Void) -> InterfaceImplementation.MethodHandler {
-    return { [unowned broker, weak session] (call: MethodCall) throws(BusError) in
-        let refusal: BrokerError
-        do {
-            try body(call)
-            return
-        } catch let error as BrokerError {
-            refusal = error
-        } catch let error as BusError {
-            refusal = BrokerError.invalidArgument(error.message)
-        } catch {
-            refusal = BrokerError(.failed, "\(error)")
+/// Runs method handlers and answers their failures, the only place a failure becomes a
+/// D-Bus error name:
+/// - a `BrokerError` is a refusal the caller must handle: answered with its own name and
+///   recorded in the audit trail;
+/// - anything else (an `InternalError`, an sd-bus failure, a bug) is the daemon's own: logged,
+///   answered as `Failed`, and never recorded as the caller's refusal.
+struct Dispatcher {
+    let audit: AuditSink
+    let identities: IdentityResolver
+    let logger: Logger
+
+    /// A method handler for `action`. `context` names the session and subject a refusal is
+    /// recorded against.
+    func serve(_ action: String, context: @escaping (MethodCall) -> (session: Session?, subject: String?) = { _ in (nil, nil) },
+               _ body: @escaping (MethodCall) throws -> Void) -> InterfaceImplementation.MethodHandler {
+        return { (call: MethodCall) throws(BusError) in
+            do {
+                try body(call)
+            } catch {
+                try? call.message.rewind()
+                let (session, subject) = context(call)
+                throw busError(for: error, sender: call.sender, action: action, session: session, subject: subject)
+            }
         }
-        try? call.message.rewind()
-        broker.recordRefusal(refusal, sender: call.sender, action: action, session: session,
-                             subject: subject.flatMap { $0(call.message) })
-        throw refusal.busError
+    }
+
+    /// Answers a call kept open (a file load's) with `error`, as `serve` would have.
+    func fail(_ call: MethodCall, _ error: any Error, action: String, session: Session?, subject: String?) {
+        guard !call.answered else { return }
+        call.fail(busError(for: error, sender: call.sender, action: action, session: session, subject: subject))
+    }
+
+    private func busError(for error: any Error, sender: String, action: String, session: Session?, subject: String?) -> BusError {
+        if let refusal = error as? BrokerError {
+            audit.refused(refusal, sender: sender, identity: identities.known(sender), action: action, session: session, subject: subject)
+            return refusal.busError
+        }
+        logger.error("Failed to serve \(action) for \(sender): \(error)")
+        return BrokerError(.failed, "dragbrokerd failed to serve \(action): \(error)").busError
     }
 }
 
-/// Reads one argument, turning sd-bus's decoding errors into `InvalidArgument`.
+/// Reads one argument, turning sd-bus's decoding errors into `InvalidArgument`: a malformed
+/// argument is the caller's.
 func argument<T>(_ what: String, _ read: () throws(BusError) -> T) throws(BrokerError) -> T {
     do {
         return try read()
@@ -33,11 +58,25 @@ func argument<T>(_ what: String, _ read: () throws(BusError) -> T) throws(Broker
     }
 }
 
-/// Sends a reply built from broker values; a failure to build it is the broker's own.
-func reply(_ call: MethodCall, _ build: (Message) throws(BusError) -> Void = { _ in }) throws(BrokerError) {
+/// Sends a reply built from broker values; a failure to build or send it is the daemon's own.
+func reply(_ call: MethodCall, _ build: (Message) throws(BusError) -> Void = { _ in }) throws(InternalError) {
     do {
         try call.reply(build)
     } catch {
-        throw BrokerError(.failed, "Failed to send the reply: \(error.message)")
+        throw InternalError("Failed to send the reply: \(error.message)")
     }
+}
+
+/// Reads the `a(sdda(sss))` items argument, stopping as soon as the limit is passed.
+func readItems(_ m: Message, limit: Int) throws(BrokerError) -> [ItemDescriptor] {
+    var items: [ItemDescriptor] = []
+    _ = try argument("items") { () throws(BusError) in try m.enterContainer("a", ItemDescriptor.signature) }
+    while let item = try ItemDescriptor.decode(from: m) {
+        guard items.count < limit else {
+            throw .limitExceeded("A session holds at most \(limit) items")
+        }
+        items.append(item)
+    }
+    try argument("items") { () throws(BusError) in try m.exitContainer() }
+    return items
 }

@@ -1,8 +1,11 @@
+// Identity/ — who a caller is, from the bus's kernel-verified PID and EUID and from /proc,
+// never from what it sends. A new identity source: a case of `IdentitySource`, a field of
+// `ProcessFacts` read in `IdentityResolver.readFacts`, and its place in `AppIdentity.init`.
 import BrokerPolicy
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Foundation
+import SystemCalls
 
 /// Where an app ID came from, strongest first. Only the sandboxes vouch for their IDs.
 enum IdentitySource: String, Sendable {
@@ -127,11 +130,13 @@ final class IdentityResolver {
         } catch {
             throw BrokerError(.failed, "Failed to read the caller's credentials: \(error.message)")
         }
-        let pidfd = shim_pidfd_open(credentials.pid)
-        guard pidfd >= 0 else {
+        let pidfd: FileDescriptor
+        do {
+            pidfd = try Kernel.openProcess(credentials.pid)
+        } catch {
             throw BrokerError(.accessDenied, "The calling process \(credentials.pid) could not be pinned: it may have exited")
         }
-        defer { close(pidfd) }
+        defer { pidfd.closeQuietly() }
         let again: Credentials
         do {
             again = try bus.credentials(ofName: sender)

@@ -1,8 +1,58 @@
+// Sessions/ — the model: what a drag session is and every rule that belongs to it, with no bus
+// in sight. A new session method starts here (the rule, as a method that throws a
+// `BrokerError` refusal and reports a `SessionEvent`), then gets its D-Bus face in
+// BusFace/SessionInterface.swift. `Registry` owns the live sessions.
+import BrokerPolicy
 import BrokerProtocol
-import BusKit
 import Foundation
+import UniformTypes
 
-/// A live drag session: the model, apart from its bus face (`SessionObject`).
+/// What happened to a session. The bus face turns these into signals for the parties, the
+/// audit sink into records, monitor events and log lines, and the registry retires a session
+/// on `.ended`.
+enum SessionEvent {
+    case began
+    case itemsAdded
+    case proposed(by: AppIdentity, proposal: DropOperation, allowed: DropOperation, entering: Bool)
+    case exited(AppIdentity)
+    case dropped(on: AppIdentity, operation: DropOperation)
+    /// The drop destination concluded: every party hears the session ended well.
+    case concluded
+    case loadStarted(Load)
+    /// Bytes moved; reported at most every 50 ms per load.
+    case loadProgressed(Load)
+    /// The source announced the load's size.
+    case loadSizeAnnounced(Load)
+    case loadFinished(Load, error: BrokerError?)
+    /// The drop destination concluded and every load is done.
+    case transferFinished
+    /// The session is over: `outcome` as the log records it, `error` why it was cut short.
+    case ended(outcome: String, error: BrokerError?)
+}
+
+/// What a load may use, decided by the session's rules before any byte moves.
+struct LoadRequest {
+    let id: UInt32
+    /// The item's index in the session (not the destination's view of it).
+    let item: UInt32
+    let typeIdentifier: String
+    let kind: RepresentationKind
+    let destination: AppIdentity
+    /// A `LargerThan=` flow rule that caps the bytes, if one applies.
+    let sizeRule: (limit: UInt64, rule: FlowRule)?
+}
+
+/// The rules a load is judged by, from the registry's policy and the audit's state.
+struct LoadRules {
+    var policy: Policy
+    var limits: Limits
+    var types: MimeDatabase
+    /// FailClosed=yes and the transfer log is failing: no transfer may start.
+    var auditRefuses: Bool
+}
+
+/// A live drag session: its state machine, its parties and loads, and the rules for each.
+/// Confined to the event loop, as the whole model is.
 final class Session {
     enum State: String {
         /// Dragging: destinations may enter, propose and exit.
@@ -21,50 +71,67 @@ final class Session {
     }
 
     let id: String
-    let path: String
-    let token: [UInt8]
+    let token: SessionToken
     let source: AppIdentity
     let providerPath: String
     let options: SessionOptions
     let createdAt: Date
-    var items: [ItemDescriptor]
-    var state: State = .active
-    var operation: DropOperation = .cancel
-    var destinations: [String: Destination] = [:]
+    private(set) var items: [ItemDescriptor]
+    private(set) var state: State = .active
+    private(set) var operation: DropOperation = .cancel
+    private(set) var destinations: [String: Destination] = [:]
     /// The destination the drag is currently over (entered and not exited).
-    var current: String?
+    private(set) var current: String?
     /// The destination that performed the drop.
-    var dropDestination: String?
-    var loads: [UInt32: Load] = [:]
-    var nextLoadID: UInt32 = 1
+    private(set) var dropDestination: String?
+    private(set) var loads: [UInt32: Load] = [:]
+    private var nextLoadID: UInt32 = 1
     /// Bytes of loads already finished, for the session's aggregate progress.
-    var finishedBytes: UInt64 = 0
-    var object: SessionObject?
+    private(set) var finishedBytes: UInt64 = 0
+    private(set) var isOver = false
+    private let report: (Session, SessionEvent) -> Void
 
-    init(id: String, token: [UInt8], source: AppIdentity, providerPath: String, items: [ItemDescriptor],
-         options: SessionOptions) {
+    init(id: String, token: SessionToken, source: AppIdentity, providerPath: String, items: [ItemDescriptor],
+         options: SessionOptions, report: @escaping (Session, SessionEvent) -> Void) {
         self.id = id
-        self.path = BrokerNames.sessionPath(id: id)
         self.token = token
         self.source = source
         self.providerPath = providerPath
         self.items = items
         self.options = options
         self.createdAt = Date()
+        self.report = report
     }
 
-    /// Compares in time independent of where the first difference is.
-    func matches(token candidate: [UInt8]) -> Bool {
-        guard candidate.count == token.count else { return false }
-        var difference: UInt8 = 0
-        for i in 0..<token.count { difference |= token[i] ^ candidate[i] }
-        return difference == 0
-    }
+    /// Computed, not stored: a path per session would be heap the registry does not need.
+    var path: String { BrokerNames.sessionPath(id: id) }
+
+    // MARK: Who may see what
 
     /// Whether `identity` may know the session exists: a restricted session exists only for
     /// its own app.
     func isVisible(to identity: AppIdentity) -> Bool {
         !options.restrictedToApp || identity.isSameApp(as: source)
+    }
+
+    /// Restricted sessions are known to their own app only. Others to their own app, to
+    /// unsandboxed callers of the source's user, and to root; a sandbox sees only its own.
+    func mayBeInspected(by caller: AppIdentity) -> Bool {
+        if caller.isSameApp(as: source) { return true }
+        guard isVisible(to: caller), !caller.isSandboxed else { return false }
+        return caller.uid == source.uid || caller.uid == 0
+    }
+
+    /// The source and every destination that presented the token.
+    func isParty(_ uniqueName: String) -> Bool {
+        uniqueName == source.uniqueName || destinations[uniqueName] != nil
+    }
+
+    /// Source and destinations may describe a session; nobody else learns anything of it.
+    func requireParticipant(_ caller: AppIdentity) throws(BrokerError) {
+        guard isParty(caller.uniqueName) else {
+            throw .accessDenied("Present the session token with PresentToken before using session \(id)")
+        }
     }
 
     /// The items as `identity` may see them. A representation it may not see does not exist
@@ -95,39 +162,252 @@ final class Session {
         case .move: (options.allowsMove && destination.isSameApp(as: source)) ? .move : .copy
         }
     }
-}
 
-/// One load in flight: a provider call, and a pipe proxy for data or a descriptor for a file.
-final class Load {
-    let id: UInt32
-    let item: UInt32
-    let typeIdentifier: String
-    let kind: RepresentationKind
-    let destination: AppIdentity
-    let startedAt = Date()
-    var proxy: PipeProxy?
-    var providerCall: Slot?
-    var providerAnswered = false
-    var dataEnded = false
-    /// The size the source announced, if it did.
-    var expected: UInt64?
-    /// The size of a handed-over file.
-    var fileSize: UInt64 = 0
-    var deadline: LoopTimer?
-    /// Monotonic microseconds of the last byte moved (or the start), for the stall deadline.
-    var lastProgressAt: UInt64
-    var lastReportAt: UInt64 = 0
-    /// A file load's waiting `Load` call, answered with the error if the load ends before the file arrives.
-    var onAbandoned: ((BrokerError) -> Void)?
+    // MARK: Source
 
-    init(id: UInt32, item: UInt32, typeIdentifier: String, kind: RepresentationKind, destination: AppIdentity, now: UInt64) {
-        self.id = id
-        self.item = item
-        self.typeIdentifier = typeIdentifier
-        self.kind = kind
-        self.destination = destination
-        self.lastProgressAt = now
+    /// Flocking: more items on a live drag, from the source's own app only.
+    func addItems(_ newItems: [ItemDescriptor], by caller: AppIdentity, limit: Int) throws(BrokerError) {
+        guard caller.isSameApp(as: source) else {
+            throw .accessDenied("Only \(source.appID) may add items to session \(id): cross-app flocking is not allowed")
+        }
+        guard state == .active else {
+            throw .wrongState("Session \(id) is \(state.rawValue): items can be added only while dragging")
+        }
+        guard items.count + newItems.count <= limit else {
+            throw .limitExceeded("A session holds at most \(limit) items; session \(id) has \(items.count)")
+        }
+        items += newItems
+        report(self, .itemsAdded)
     }
 
-    var bytes: UInt64 { proxy?.bytes ?? fileSize }
+    func cancel(by caller: AppIdentity) throws(BrokerError) {
+        guard caller.uniqueName == source.uniqueName else {
+            throw .accessDenied("Only the source of session \(id) may cancel it")
+        }
+        end(outcome: "cancelled", error: BrokerError(.cancelled, "The source cancelled the drag"))
+    }
+
+    // MARK: Destination
+
+    /// A destination presented the token. Returns whether it joined only now.
+    @discardableResult
+    func admit(_ caller: AppIdentity, limit: Int) throws(BrokerError) -> Bool {
+        guard destinations[caller.uniqueName] == nil else { return false }
+        guard destinations.count < limit else {
+            throw .limitExceeded("Session \(id) already has \(destinations.count) destinations")
+        }
+        destinations[caller.uniqueName] = Destination(identity: caller)
+        return true
+    }
+
+    func propose(_ proposal: DropOperation, by caller: AppIdentity, entering: Bool) throws(BrokerError) -> DropOperation {
+        guard var destination = destinations[caller.uniqueName] else {
+            throw .accessDenied("Present the session token with PresentToken before proposing a drop")
+        }
+        guard state == .active else {
+            throw .wrongState("Session \(id) is \(state.rawValue): proposals are over")
+        }
+        if !entering && current != caller.uniqueName {
+            throw .wrongState("Call Enter before Update: the drag is not over this destination")
+        }
+        destination.proposal = proposal
+        destination.allowed = allowedOperation(for: proposal, by: caller)
+        destinations[caller.uniqueName] = destination
+        current = caller.uniqueName
+        report(self, .proposed(by: caller, proposal: proposal, allowed: destination.allowed, entering: entering))
+        return destination.allowed
+    }
+
+    func exit(by caller: AppIdentity) throws(BrokerError) {
+        guard destinations[caller.uniqueName] != nil else {
+            throw .accessDenied("Present the session token with PresentToken before using session \(id)")
+        }
+        if current == caller.uniqueName { current = nil }
+        report(self, .exited(caller))
+    }
+
+    func performDrop(by caller: AppIdentity) throws(BrokerError) -> DropOperation {
+        guard let destination = destinations[caller.uniqueName] else {
+            throw .accessDenied("Present the session token with PresentToken before performing a drop")
+        }
+        guard state == .active else {
+            throw .wrongState("Session \(id) is \(state.rawValue): it has already been dropped")
+        }
+        guard current == caller.uniqueName else {
+            throw .wrongState("Call Enter with a proposal before PerformDrop")
+        }
+        guard destination.allowed == .copy || destination.allowed == .move else {
+            throw .wrongState("The current proposal allows '\(destination.allowed.rawValue)': a drop needs copy or move")
+        }
+        state = .dropped
+        operation = destination.allowed
+        dropDestination = caller.uniqueName
+        report(self, .dropped(on: caller, operation: destination.allowed))
+        return destination.allowed
+    }
+
+    func conclude(by caller: AppIdentity) throws(BrokerError) {
+        guard state != .active else {
+            throw .wrongState("Session \(id) has not been dropped: only the drop destination concludes it")
+        }
+        guard caller.uniqueName == dropDestination else {
+            throw .accessDenied("Only the destination that performed the drop may conclude session \(id)")
+        }
+        guard state == .dropped else {
+            throw .wrongState("Session \(id) is already concluded")
+        }
+        state = .concluded
+        report(self, .concluded)
+        if loads.isEmpty { finishTransfer() }
+    }
+
+    // MARK: Loads
+
+    /// Checks a load request against the session's state, visibility and the policy, and
+    /// hands out the load's ID. Nothing has started yet.
+    func authorizeLoad(item: UInt32, type: String, by caller: AppIdentity, rules: LoadRules) throws(BrokerError) -> LoadRequest {
+        switch state {
+        case .active:
+            throw .wrongState("Loads are allowed only after PerformDrop")
+        case .concluded:
+            throw .wrongState("Session \(id) was concluded: no new loads")
+        case .dropped:
+            break
+        }
+        guard caller.uniqueName == dropDestination else {
+            throw .accessDenied("Only the destination that performed the drop may load from session \(id)")
+        }
+        let visible = visibleItems(for: caller)
+        guard Int(item) < visible.count else {
+            throw .notFound("No item \(item): session \(id) has \(visible.count) item(s)")
+        }
+        let canonical: String
+        do {
+            canonical = try TypeIdentifier(type).mime
+        } catch {
+            throw .invalidArgument(error.message)
+        }
+        let realItem = visible[Int(item)].index
+        guard visible[Int(item)].item.typeIdentifiers.contains(canonical),
+              let representation = items[realItem].representations.first(where: { $0.typeIdentifier == canonical }) else {
+            throw .notFound("Item \(item) has no representation of type '\(canonical)'")
+        }
+        let conforms: (String, String) -> Bool = { [types = rules.types] type, pattern in
+            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
+        }
+        let from = Policy.FlowParty(source), to = Policy.FlowParty(caller)
+        let decision = rules.policy.decide(from: from, to: to, type: canonical, size: nil, conforms: conforms)
+        if decision.action == .deny {
+            var error = BrokerError.accessDenied(
+                "The administrator's policy forbids \(canonical) from \(source.appID) to \(caller.appID) (rule at \(decision.rule.map { "\($0.origin)" } ?? "?"))")
+            error.rule = decision.rule.map { "\($0.origin)" }
+            throw error
+        }
+        guard loads.count < rules.limits.concurrentLoadsPerSession else {
+            throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
+        }
+        // Records are written off the bus path, so "cannot be written" is known from the
+        // batches before this one: while they fail, fail-closed refuses new transfers.
+        if rules.auditRefuses {
+            throw BrokerError(.failed, "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
+        }
+        let sizeRule = representation.kind == .data
+            ? rules.policy.byteLimit(from: from, to: to, type: canonical, conforms: conforms) : nil
+        defer { nextLoadID += 1 }
+        return LoadRequest(id: nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
+                           destination: caller, sizeRule: sizeRule)
+    }
+
+    /// A load that started: the session follows it to its one outcome.
+    func track(_ load: Load) {
+        loads[load.id] = load
+        load.onProgress = { [unowned self] load in report(self, .loadProgressed(load)) }
+        load.onFinish = { [unowned self] load, error in loadFinished(load, error: error) }
+        report(self, .loadStarted(load))
+    }
+
+    private func loadFinished(_ load: Load, error: BrokerError?) {
+        guard loads.removeValue(forKey: load.id) != nil else { return }
+        finishedBytes += load.bytes
+        report(self, .loadFinished(load, error: error))
+        if state == .concluded && loads.isEmpty { finishTransfer() }
+    }
+
+    /// The source announces how many bytes a data load will carry.
+    func setExpectedSize(_ size: UInt64, load id: UInt32, by caller: AppIdentity) throws(BrokerError) {
+        guard caller.uniqueName == source.uniqueName else {
+            throw .accessDenied("Only the source of session \(self.id) may announce a load's size")
+        }
+        guard let load = loads[id] else {
+            // The announcement raced the end of the load: nothing left to tell.
+            if id > 0 && id < nextLoadID { return }
+            throw .notFound("No load \(id) in session \(self.id)")
+        }
+        load.expected = size
+        report(self, .loadSizeAnnounced(load))
+    }
+
+    /// Either end, or an administrator, cancels a load; the other side hears `Cancelled`.
+    func cancelLoad(_ id: UInt32, by caller: AppIdentity, asAdministrator: Bool = false) throws(BrokerError) {
+        guard let load = loads[id] else { throw .notFound("No load \(id) in flight in session \(self.id)") }
+        let who: String
+        if asAdministrator {
+            who = "An administrator"
+        } else if caller.uniqueName == load.destination.uniqueName {
+            who = "The destination"
+        } else if caller.uniqueName == source.uniqueName {
+            who = "The source"
+        } else {
+            throw .accessDenied("Only the load's destination, the session's source or an administrator may cancel load \(id)")
+        }
+        load.stop(BrokerError(.cancelled, "\(who) cancelled load \(id)"))
+    }
+
+    /// Bytes done (finished loads and those in flight) and expected (announced sizes).
+    var progress: (done: UInt64, expected: UInt64) {
+        let inFlight = loads.values.reduce(UInt64(0)) { $0 + $1.bytes }
+        let expected = loads.values.reduce(finishedBytes) { $0 + ($1.expected ?? $1.bytes) }
+        return (finishedBytes + inFlight, expected)
+    }
+
+    // MARK: Ending
+
+    /// Ends the session early: loads stop, every party is told why.
+    func end(outcome: String, error: BrokerError) {
+        guard !isOver else { return }
+        for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error) }
+        if state == .active { operation = .cancel }
+        retire(outcome: outcome, error: error)
+    }
+
+    /// A party's connection went away: end what depends on it, forget it otherwise.
+    func partyVanished(_ uniqueName: String) {
+        if uniqueName == source.uniqueName {
+            end(outcome: "source-disconnected", error: BrokerError(.disconnected, "The source app \(source.appID) disconnected"))
+        } else if uniqueName == dropDestination {
+            end(outcome: "destination-disconnected",
+                error: BrokerError(.disconnected, "The destination app \(destinations[uniqueName]?.identity.appID ?? uniqueName) disconnected"))
+        } else if destinations.removeValue(forKey: uniqueName) != nil, current == uniqueName {
+            current = nil
+        }
+    }
+
+    /// The drop destination concluded and every load is done: tell the source and retire.
+    private func finishTransfer() {
+        report(self, .transferFinished)
+        retire(outcome: "completed", error: nil)
+    }
+
+    private func retire(outcome: String, error: BrokerError?) {
+        guard !isOver else { return }
+        isOver = true
+        report(self, .ended(outcome: outcome, error: error))
+    }
+}
+
+extension Policy.FlowParty {
+    /// The policy's view of a party to a flow.
+    init(_ identity: AppIdentity) {
+        self.init(appID: identity.appID, team: identity.team, managed: identity.managed)
+    }
 }

@@ -3,66 +3,73 @@ import BrokerProtocol
 import BusKit
 import Glibc
 
-/// The bus face of the broker: `org.dragbroker.Broker1.Manager` at the manager path.
-final class ManagerObject {
-    private unowned let broker: Broker
+/// `org.dragbroker.Broker1.Manager` at the manager path: beginning and joining sessions, and
+/// the operator's and administrator's calls.
+final class ManagerInterface {
+    private unowned let daemon: Daemon
     private var exported: ExportedObject?
+    private var registry: Registry { daemon.registry }
 
-    init(broker: Broker) throws(BusError) {
-        self.broker = broker
-        exported = try broker.bus.export(
+    init(daemon: Daemon) throws(BusError) {
+        self.daemon = daemon
+        let dispatcher = daemon.dispatcher
+        func method(_ name: String, _ body: @escaping (ManagerInterface, MethodCall) throws -> Void) -> (String, InterfaceImplementation.MethodHandler) {
+            (name, dispatcher.serve(name) { [unowned self] call in try body(self, call) })
+        }
+        exported = try daemon.bus.export(
             path: BrokerNames.managerPath, interface: BrokerInterfaces.manager,
             implementation: InterfaceImplementation(
-                methods: [
-                    "BeginSession": serve(broker, "BeginSession") { [unowned self] in try beginSession($0) },
-                    "PresentToken": serve(broker, "PresentToken") { [unowned self] in try presentToken($0) },
-                    "ListSessions": serve(broker, "ListSessions") { [unowned self] in try listSessions($0) },
-                    "WhoAmI": serve(broker, "WhoAmI") { [unowned self] in try whoAmI($0) },
-                    "CancelLoad": serve(broker, "CancelLoad") { [unowned self] in try cancelLoad($0) },
-                    "DescribeSession": serve(broker, "DescribeSession") { [unowned self] in try describeSession($0) },
-                    "CancelSession": serve(broker, "CancelSession") { [unowned self] in try cancelSession($0) },
-                    "Monitor": serve(broker, "Monitor") { [unowned self] in try monitor($0) },
-                    "GetPolicy": serve(broker, "GetPolicy") { [unowned self] in try getPolicy($0) },
-                    "ReloadPolicy": serve(broker, "ReloadPolicy") { [unowned self] in try reloadPolicy($0) },
-                ],
+                methods: Dictionary(uniqueKeysWithValues: [
+                    method("BeginSession") { try $0.beginSession($1) },
+                    method("PresentToken") { try $0.presentToken($1) },
+                    method("ListSessions") { try $0.listSessions($1) },
+                    method("WhoAmI") { try $0.whoAmI($1) },
+                    method("CancelLoad") { try $0.cancelLoad($1) },
+                    method("DescribeSession") { try $0.describeSession($1) },
+                    method("CancelSession") { try $0.cancelSession($1) },
+                    method("Monitor") { try $0.monitor($1) },
+                    method("GetPolicy") { try $0.getPolicy($1) },
+                    method("ReloadPolicy") { try $0.reloadPolicy($1) },
+                ]),
                 properties: [
-                    "Version": { m throws(BusError) in try m.append(BrokerVersion.current) },
-                    "SessionCount": { [unowned self] m throws(BusError) in try m.append(UInt32(self.broker.sessions.count)) },
+                    "Version": { m, _ throws(BusError) in try m.append(BrokerVersion.current) },
+                    "SessionCount": { [unowned self] m, _ throws(BusError) in try m.append(UInt32(registry.count)) },
                 ]))
     }
 
     func sessionCountChanged() {
-        try? broker.bus.emitPropertiesChanged(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
+        try? daemon.bus.emitPropertiesChanged(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
                                                properties: ["SessionCount"])
     }
 
-    private func beginSession(_ call: MethodCall) throws(BrokerError) {
+    private func beginSession(_ call: MethodCall) throws {
         let m = call.message
-        let items = try broker.normalize(try readItems(m, limit: broker.limits.itemsPerSession))
+        let limits = registry.limits
+        let items = try Items.normalize(try readItems(m, limit: limits.itemsPerSession), limits: limits)
         let options = try SessionOptions.decode(from: m)
         let provider = try argument("provider") { () throws(BusError) in try m.readObjectPath() }
-        let source = try broker.identity(of: call)
-        let session = try broker.begin(source: source, items: items, options: options, providerPath: provider)
+        let source = try daemon.identity(of: call)
+        let session = try registry.begin(source: source, items: items, options: options, providerPath: provider)
         try reply(call) { r throws(BusError) in
             try r.append(objectPath: session.path)
-            try r.append(Broker.hex(session.token))
+            try r.append(session.token.hex)
         }
     }
 
-    private func presentToken(_ call: MethodCall) throws(BrokerError) {
+    private func presentToken(_ call: MethodCall) throws {
         let token = try argument("token") { () throws(BusError) in try call.message.readString() }
-        let caller = try broker.identity(of: call)
-        let session = try broker.present(token: token, by: caller)
+        let caller = try daemon.identity(of: call)
+        let session = try registry.present(token: token, by: caller)
         try reply(call) { r throws(BusError) in try r.append(objectPath: session.path) }
     }
 
     /// Restricted sessions are listed to their own app only. Others are listed to their own
     /// app, to unsandboxed callers of the same user, and to root; a sandboxed app sees only
     /// its own sessions.
-    private func listSessions(_ call: MethodCall) throws(BrokerError) {
-        let caller = try broker.identity(of: call)
-        let sessions = broker.sessions.values
-            .filter { Self.mayInspect($0, caller) }
+    private func listSessions(_ call: MethodCall) throws {
+        let caller = try daemon.identity(of: call)
+        let sessions = registry.sessions.values
+            .filter { $0.mayBeInspected(by: caller) }
             .sorted { $0.createdAt < $1.createdAt }
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", SessionSummary.signature)
@@ -77,22 +84,14 @@ final class ManagerObject {
         }
     }
 
-    /// Restricted sessions are known to their own app only. Others to their own app, to
-    /// unsandboxed callers of the source's user, and to root; a sandbox sees only its own.
-    static func mayInspect(_ session: Session, _ caller: AppIdentity) -> Bool {
-        if caller.isSameApp(as: session.source) { return true }
-        guard session.isVisible(to: caller), !caller.isSandboxed else { return false }
-        return caller.uid == session.source.uid || caller.uid == 0
-    }
-
     private func inspectable(_ call: MethodCall) throws(BrokerError) -> (Session, AppIdentity) {
         let id = try argument("session") { () throws(BusError) in try call.message.readString() }
-        let caller = try broker.identity(of: call)
-        guard let session = broker.sessions[id], Self.mayInspect(session, caller) else { throw .notFound("No live session \(id)") }
+        let caller = try daemon.identity(of: call)
+        guard let session = registry.session(id: id), session.mayBeInspected(by: caller) else { throw .notFound("No live session \(id)") }
         return (session, caller)
     }
 
-    private func describeSession(_ call: MethodCall) throws(BrokerError) {
+    private func describeSession(_ call: MethodCall) throws {
         let (session, _) = try inspectable(call)
         let destination = (session.dropDestination ?? session.current).flatMap { session.destinations[$0]?.identity.appID } ?? ""
         let details = SessionDetails(
@@ -106,23 +105,23 @@ final class ManagerObject {
         try reply(call) { r throws(BusError) in try details.encode(to: r) }
     }
 
-    private func cancelSession(_ call: MethodCall) throws(BrokerError) {
+    private func cancelSession(_ call: MethodCall) throws {
         let (session, caller) = try inspectable(call)
         try requireAdministrator(caller, to: "cancel another app's session")
-        broker.end(session, outcome: "cancelled", error: BrokerError(.cancelled, "An administrator cancelled the session"))
+        session.end(outcome: "cancelled", error: BrokerError(.cancelled, "An administrator cancelled the session"))
         try reply(call)
     }
 
     /// Subscribes the caller to `MonitorEvent` for every session it may inspect, until it
     /// disconnects.
-    private func monitor(_ call: MethodCall) throws(BrokerError) {
-        let caller = try broker.identity(of: call)
-        try broker.monitors.add(caller)
+    private func monitor(_ call: MethodCall) throws {
+        let caller = try daemon.identity(of: call)
+        try daemon.audit.monitors.add(caller)
         try reply(call)
     }
 
-    private func whoAmI(_ call: MethodCall) throws(BrokerError) {
-        let caller = try broker.identity(of: call)
+    private func whoAmI(_ call: MethodCall) throws {
+        let caller = try daemon.identity(of: call)
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", "{sv}")
             func entry(_ key: String, _ type: Unicode.Scalar, _ append: () throws(BusError) -> Void) throws(BusError) {
@@ -146,9 +145,9 @@ final class ManagerObject {
     }
 
     /// The effective policy, each entry with the file and line it came from.
-    private func getPolicy(_ call: MethodCall) throws(BrokerError) {
-        _ = try broker.identity(of: call)
-        let text = broker.policy.render()
+    private func getPolicy(_ call: MethodCall) throws {
+        _ = try daemon.identity(of: call)
+        let text = registry.policy.render()
         try reply(call) { r throws(BusError) in try r.append(text) }
     }
 
@@ -159,36 +158,22 @@ final class ManagerObject {
         }
     }
 
-    private func cancelLoad(_ call: MethodCall) throws(BrokerError) {
+    private func cancelLoad(_ call: MethodCall) throws {
         let id = try argument("session") { () throws(BusError) in try call.message.readString() }
         let load = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
-        let caller = try broker.identity(of: call)
+        let caller = try daemon.identity(of: call)
         try requireAdministrator(caller, to: "cancel another app's load")
-        guard let session = broker.sessions[id] else { throw .notFound("No live session \(id)") }
-        try broker.cancelLoad(load, by: caller, in: session, asAdministrator: true)
+        guard let session = registry.session(id: id) else { throw BrokerError.notFound("No live session \(id)") }
+        try session.cancelLoad(load, by: caller, asAdministrator: true)
         try reply(call)
     }
 
-    private func reloadPolicy(_ call: MethodCall) throws(BrokerError) {
-        let caller = try broker.identity(of: call)
+    private func reloadPolicy(_ call: MethodCall) throws {
+        let caller = try daemon.identity(of: call)
         try requireAdministrator(caller, to: "reload the policy")
-        try broker.reloadPolicy()
+        try daemon.reloadPolicy()
         try reply(call)
     }
-}
-
-/// Reads the `a(sdda(sss))` items argument, stopping as soon as the limit is passed.
-func readItems(_ m: Message, limit: Int) throws(BrokerError) -> [ItemDescriptor] {
-    var items: [ItemDescriptor] = []
-    _ = try argument("items") { () throws(BusError) in try m.enterContainer("a", ItemDescriptor.signature) }
-    while let item = try ItemDescriptor.decode(from: m) {
-        guard items.count < limit else {
-            throw .limitExceeded("A session holds at most \(limit) items")
-        }
-        items.append(item)
-    }
-    try argument("items") { () throws(BusError) in try m.exitContainer() }
-    return items
 }
 
 enum BrokerVersion {

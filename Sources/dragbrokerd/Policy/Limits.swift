@@ -1,3 +1,6 @@
+// Policy/ — the administrator's policy as the daemon applies it. Parsing, validation and
+// rendering live in the BrokerPolicy library (a new key: its `Policy.swift` tables); a new
+// limit also gets a field here, read where the daemon enforces it.
 import BrokerPolicy
 
 /// Bounds on everything a client can make the daemon hold. Each is answered with
@@ -10,7 +13,6 @@ struct Limits: Sendable {
     var destinationsPerSession = 64
     var concurrentLoadsPerSession = 16
     var maxStringLength = 255
-    var tokenLength = 128
     /// Microseconds a source may take to produce the first byte (or hand over the file).
     var firstByteTimeout: UInt64 = 30_000_000
     /// Microseconds a load may make no progress.

@@ -1,0 +1,113 @@
+// Audit/ — where what happened is written down: one sink turns each session event and each
+// refusal into its SQLite row (TransferLog), its journal entry, its monitor event and its log
+// line. A new audited fact starts in `AuditSink`.
+import BrokerProtocol
+import Foundation
+import Logging
+import TransferLog
+
+/// The one place an outcome or a refusal becomes a record, a journal entry, a monitor event
+/// and a log line.
+final class AuditSink {
+    let transferLog: TransferLog
+    let monitors: Monitors
+    private let logger: Logger
+    /// Refusals recorded per connection before the rest are only counted: a client cannot
+    /// grow the log without bound by asking for what it may not have.
+    static let refusalsRecordedPerConnection = 1000
+    private var refusalCounts: [String: Int] = [:]
+
+    init(transferLog: TransferLog, monitors: Monitors, logger: Logger) {
+        self.transferLog = transferLog
+        self.monitors = monitors
+        self.logger = logger
+    }
+
+    /// Whether fail-closed auditing must refuse a transfer now: the log is failing.
+    var isFailing: Bool { transferLog.isFailing }
+
+    // MARK: Sessions and loads
+
+    func record(_ session: Session, _ event: SessionEvent) {
+        switch event {
+        case .began:
+            let count = session.items.count
+            logger.info("Session \(session.id) begun by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
+            monitors.emit(session, "begin", "\(session.source.appID), \(count) item\(count == 1 ? "" : "s")")
+        case .proposed(let caller, let proposal, let allowed, let entering):
+            monitors.emit(session, entering ? "enter" : "update", "\(caller.appID) proposes \(proposal.rawValue), allowed \(allowed.rawValue)")
+        case .exited(let caller):
+            monitors.emit(session, "exit", caller.appID)
+        case .dropped(let destination, let operation):
+            logger.info("Session \(session.id) dropped on \(destination.appID) with \(operation.rawValue)")
+            monitors.emit(session, "drop", "\(destination.appID), \(operation.rawValue)")
+        case .loadStarted(let load):
+            monitors.emit(session, "load", "\(load.id) \(load.typeIdentifier) (\(load.kind.rawValue)) to \(load.destination.appID)")
+        case .loadProgressed(let load):
+            monitors.emit(session, "progress", "\(load.id) \(load.typeIdentifier)", bytes: load.bytes, expected: load.expected ?? 0)
+        case .loadFinished(let load, let error):
+            loadEnded(load, in: session, error: error)
+        case .ended(let outcome, let error):
+            sessionEnded(session, outcome: outcome, error: error)
+        case .itemsAdded, .concluded, .loadSizeAnnounced, .transferFinished:
+            break
+        }
+    }
+
+    private func loadEnded(_ load: Load, in session: Session, error: BrokerError?) {
+        let record = LoadRecord(
+            id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
+            typeIdentifier: load.typeIdentifier, bytes: Int64(load.bytes), startedAt: load.startedAt, endedAt: Date(),
+            outcome: Load.outcome(of: error), errorName: error?.code.busName,
+            sourceTeam: session.source.team, destinationTeam: load.destination.team)
+        transferLog.submit(.load(record))
+        AuditJournal.record(record)
+        monitors.emit(session, "loaded", "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: load.bytes, expected: load.expected ?? load.bytes)
+        if let error {
+            logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(load.bytes) bytes: \(error)")
+        } else {
+            logger.info("Load \(load.id) of session \(session.id) (\(load.typeIdentifier), \(load.kind.rawValue)) delivered \(load.bytes) bytes")
+        }
+    }
+
+    private func sessionEnded(_ session: Session, outcome: String, error: BrokerError?) {
+        let destination = session.dropDestination.flatMap { session.destinations[$0]?.identity.appID }
+        let record = SessionRecord(
+            sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,
+            itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome,
+            errorName: error?.code.busName, startedAt: session.createdAt, endedAt: Date())
+        transferLog.submit(.session(record))
+        AuditJournal.record(record)
+        monitors.emit(session, "end", outcome + (error.map { " (\($0.code.busName))" } ?? ""))
+        logger.info("Session \(session.id) ended: \(outcome)\(error.map { " (\($0))" } ?? "")")
+    }
+
+    // MARK: Refusals
+
+    /// Records a refusal beside the transfers: who asked, for what, and why.
+    func refused(_ error: BrokerError, sender: String, identity: AppIdentity?, action: String, session: Session?, subject: String?) {
+        let count = refusalCounts[sender, default: 0] + 1
+        refusalCounts[sender] = count
+        if count > Self.refusalsRecordedPerConnection {
+            if count == Self.refusalsRecordedPerConnection + 1 {
+                logger.warning("Connection \(sender) was refused \(Self.refusalsRecordedPerConnection) times; further refusals are not recorded one by one")
+            }
+            return
+        }
+        let record = RefusalRecord(
+            at: Date(), app: identity?.appID ?? sender, uid: Int64(identity?.uid ?? 0), pid: Int64(identity?.pid ?? 0),
+            action: action, sessionID: session?.id, subject: subject, errorName: error.code.busName,
+            message: error.message, rule: error.rule)
+        transferLog.submit(.refusal(record))
+        AuditJournal.record(record)
+        logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
+    }
+
+    /// A connection left: its refusal count goes, and is told if some were only counted.
+    func peerLeft(_ uniqueName: String) {
+        monitors.remove(uniqueName)
+        if let count = refusalCounts.removeValue(forKey: uniqueName), count > Self.refusalsRecordedPerConnection {
+            logger.notice("Connection \(uniqueName) left after \(count) refusals, \(count - Self.refusalsRecordedPerConnection) of them not recorded")
+        }
+    }
+}

@@ -1,0 +1,162 @@
+// dragbrokerd's folders, in the order a call travels:
+//   BusFace/   the D-Bus surface, one file per interface; errors become D-Bus names in Serve.swift
+//   Identity/  who a caller is, from kernel-verified credentials (a new identity source goes here)
+//   Sessions/  the model: Session (every rule), Registry (the live sessions), items and tokens
+//   Transfer/  Load, the one type that moves bytes, and its splice pump
+//   Audit/     the one sink for records, journal entries, monitor events and log lines
+//   Policy/    the policy as the daemon applies it (a new policy key: BrokerPolicy's Policy.swift,
+//              then Limits.swift here if it is a limit)
+// This file wires them together and owns the daemon's life: start, reload, idle exit, shutdown.
+import BrokerPolicy
+import BrokerProtocol
+import BusKit
+import CSystemd
+import Foundation
+import Logging
+import TransferLog
+import UniformTypes
+
+/// The running daemon: the registry, the audit sink and the bus faces, and what connects them.
+/// Everything here runs on the event loop thread, as do all bus callbacks that reach it.
+final class Daemon {
+    let bus: Bus
+    let logger: Logger
+    let registry: Registry
+    let audit: AuditSink
+    let dispatcher: Dispatcher
+    private let policyDirectory: String
+    private var manager: ManagerInterface?
+    private var sessionInterface: SessionInterface?
+    private var objectManager: Slot?
+    private var peerWatch: Slot?
+    private var countChangePending = false
+    /// With `--exit-idle-time`, how long to stay up with no session, in microseconds.
+    var idleExit: UInt64?
+    private var idleTimer: LoopTimer?
+    /// Called when the daemon has been idle for `idleExit`.
+    var onIdle: (() -> Void)?
+
+    init(bus: Bus, transferLog: TransferLog, policy: Policy, policyDirectory: String, types: MimeDatabase,
+         firstSessionNumber: Int, logger: Logger) {
+        self.bus = bus
+        self.logger = logger
+        self.policyDirectory = policyDirectory
+        registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
+        audit = AuditSink(transferLog: transferLog, monitors: Monitors(bus: bus, logger: logger), logger: logger)
+        dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger)
+    }
+
+    /// Exports the interfaces and starts watching peers. Call before owning the bus name, so
+    /// nobody can reach a half-built daemon.
+    func start() throws(BusError) {
+        objectManager = try bus.addObjectManager(path: BrokerNames.managerPath)
+        manager = try ManagerInterface(daemon: self)
+        sessionInterface = try SessionInterface(daemon: self)
+        registry.onEvent = { [unowned self] session, event in
+            sessionInterface?.publish(session, event)
+            switch event {
+            case .began, .ended: sessionsChanged()
+            default: break
+            }
+            audit.record(session, event)
+        }
+        peerWatch = try bus.matchSignal(sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                                        interface: "org.freedesktop.DBus", member: "NameOwnerChanged") { [unowned self] m in
+            guard let name = try? m.readString(), let _ = try? m.readString(), let newOwner = try? m.readString(),
+                  name.hasPrefix(":"), newOwner.isEmpty else { return }
+            registry.peerVanished(name)
+            audit.peerLeft(name)
+        }
+    }
+
+    func identity(of call: MethodCall) throws(BrokerError) -> AppIdentity {
+        try registry.identities.identity(of: call)
+    }
+
+    func identity(ofName uniqueName: String) throws(BrokerError) -> AppIdentity {
+        try registry.identities.identity(ofName: uniqueName, on: bus)
+    }
+
+    /// What a load is judged by right now.
+    var loadRules: LoadRules {
+        let policy = registry.policy
+        return LoadRules(policy: policy, limits: Limits(policy.limits), types: registry.types,
+                         auditRefuses: policy.audit.failClosed && audit.isFailing)
+    }
+
+    /// The session count changed: tell the bus, systemd's status line and the idle timer, once
+    /// per loop iteration however many sessions came or went in it (a source leaving with
+    /// thousands of sessions costs one signal, not thousands).
+    private func sessionsChanged() {
+        guard !countChangePending else { return }
+        countChangePending = true
+        bus.loop.soon { [weak self] in
+            guard let self else { return }
+            countChangePending = false
+            manager?.sessionCountChanged()
+            let count = registry.count
+            _ = shim_notify("STATUS=\(count) live session\(count == 1 ? "" : "s")")
+            armIdleTimer()
+        }
+    }
+
+    /// Arms the idle timer only while there is no session: never a periodic wakeup.
+    func armIdleTimer() {
+        guard let idleExit, registry.count == 0 else {
+            idleTimer = nil
+            return
+        }
+        idleTimer = try? LoopTimer(loop: bus.loop, afterMicroseconds: idleExit) { [unowned self] in
+            guard registry.count == 0 else { return }
+            logger.info("No session for \(idleExit / 1_000_000) s, exiting")
+            onIdle?()
+        }
+    }
+
+    // MARK: Policy
+
+    /// Loads the policy directory and applies it only if every file is valid: a bad file
+    /// never half-applies. Live sessions keep their source's identity; every later call is
+    /// judged by the new registry, rules and limits.
+    func reloadPolicy() throws(BrokerError) {
+        let policy: Policy
+        do {
+            policy = try Self.loadPolicy(directory: policyDirectory)
+        } catch {
+            logger.error("Failed to reload the policy, keeping the current one: \(error)")
+            throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
+        }
+        registry.identities.apply(policy)
+        applyRetention()
+        logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
+    }
+
+    static func loadPolicy(directory: String) throws(PolicyError) -> Policy {
+        try PolicyLoader.load(directory: directory) { pattern in try MimeDatabase.validatePattern(pattern) }
+    }
+
+    /// Drops log records older than `RetentionDays=` (0 keeps everything), on the log's writer
+    /// queue: the bus loop never waits for SQLite, whose delete may wait seconds for a lock.
+    func applyRetention() {
+        let days = registry.policy.audit.retentionDays
+        guard days > 0 else { return }
+        audit.transferLog.prune(endedBefore: Date().addingTimeInterval(-Double(days) * 86_400)) { [logger] result in
+            switch result {
+            case .success(let removed):
+                if removed > 0 { logger.info("Removed \(removed) transfer log record(s) older than \(days) days") }
+            case .failure(let error):
+                logger.warning("Failed to apply the log's retention: \(error), ignoring")
+            }
+        }
+    }
+
+    // MARK: Shutdown
+
+    /// Ends every session with a reason and flushes the transfer log.
+    func shutdown() {
+        _ = shim_notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
+        registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
+        bus.flush()
+        audit.transferLog.flush()
+    }
+}

@@ -1,0 +1,125 @@
+import BrokerPolicy
+import BrokerProtocol
+import BusKit
+import Foundation
+import UniformTypes
+
+/// The live sessions, found in one dictionary probe whichever way a call names them: by ID
+/// (and so by object path), by token, or by a connection taking part. Also the identity
+/// cache and the policy in force, which every rule is judged by.
+final class Registry {
+    private(set) var sessions: [String: Session] = [:]
+    private var byToken: [UInt64: Session] = [:]
+    /// Session IDs each connection takes part in, as source or destination.
+    private var byParty: [String: Set<String>] = [:]
+    /// How many live sessions each connection began.
+    private var sourceCounts: [String: Int] = [:]
+    private var nextSessionNumber: Int
+    let identities: IdentityResolver
+    let types: MimeDatabase
+    /// Told of every session event, after the registry has done its own part.
+    var onEvent: (Session, SessionEvent) -> Void = { _, _ in }
+
+    static let sessionIDPrefix = "s"
+    private static let pathPrefix = BrokerNames.sessionPath(id: "")
+
+    init(policy: Policy, types: MimeDatabase, firstSessionNumber: Int) {
+        identities = IdentityResolver(policy: policy)
+        self.types = types
+        nextSessionNumber = firstSessionNumber
+    }
+
+    var policy: Policy { identities.policy }
+    var limits: Limits { Limits(policy.limits) }
+    var count: Int { sessions.count }
+
+    func session(id: String) -> Session? { sessions[id] }
+
+    /// The session whose object path this is.
+    func session(atPath path: String) -> Session? {
+        guard path.hasPrefix(Self.pathPrefix) else { return nil }
+        return sessions[String(path.dropFirst(Self.pathPrefix.count))]
+    }
+
+    /// Every session `uniqueName` takes part in.
+    func sessions(of uniqueName: String) -> [Session] {
+        (byParty[uniqueName] ?? []).compactMap { sessions[$0] }
+    }
+
+    // MARK: Beginning and joining
+
+    func begin(source: AppIdentity, items: [ItemDescriptor], options: SessionOptions,
+               providerPath: String) throws -> Session {
+        let limits = limits
+        guard sessions.count < limits.sessionsTotal else {
+            throw BrokerError.limitExceeded("The broker holds \(sessions.count) sessions, its limit")
+        }
+        let own = sourceCounts[source.uniqueName, default: 0]
+        guard own < limits.sessionsPerConnection else {
+            throw BrokerError.limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
+        }
+        var token = try SessionToken.random()
+        while byToken[token.selector] != nil { token = try SessionToken.random() }
+        let id = "\(Self.sessionIDPrefix)\(nextSessionNumber)"
+        nextSessionNumber += 1
+        let session = Session(id: id, token: token, source: source, providerPath: providerPath, items: items,
+                              options: options) { [unowned self] session, event in deliver(session, event) }
+        sessions[id] = session
+        byToken[token.selector] = session
+        byParty[source.uniqueName, default: []].insert(id)
+        sourceCounts[source.uniqueName, default: 0] += 1
+        deliver(session, .began)
+        return session
+    }
+
+    /// A destination presents a token it was handed through the windowing system's drag.
+    func present(token text: String, by caller: AppIdentity) throws(BrokerError) -> Session {
+        guard let token = SessionToken(hex: text), let session = byToken[token.selector], session.token.matches(token),
+              session.isVisible(to: caller) else {
+            throw .notFound("No live session has this token")
+        }
+        if try session.admit(caller, limit: limits.destinationsPerSession) {
+            byParty[caller.uniqueName, default: []].insert(session.id)
+        }
+        return session
+    }
+
+    // MARK: Ending
+
+    /// A peer's connection went away: every session it took part in hears of it.
+    func peerVanished(_ uniqueName: String) {
+        identities.forget(uniqueName)
+        guard let ids = byParty.removeValue(forKey: uniqueName) else { return }
+        for id in ids.sorted(by: Self.numericOrder) {
+            sessions[id]?.partyVanished(uniqueName)
+        }
+    }
+
+    /// Ends every session, e.g. on shutdown.
+    func endAll(_ error: BrokerError) {
+        for session in sessions.values.sorted(by: { Self.numericOrder($0.id, $1.id) }) {
+            session.end(outcome: "cancelled", error: error)
+        }
+    }
+
+    private func deliver(_ session: Session, _ event: SessionEvent) {
+        if case .ended = event { forget(session) }
+        onEvent(session, event)
+    }
+
+    private func forget(_ session: Session) {
+        guard sessions.removeValue(forKey: session.id) != nil else { return }
+        byToken.removeValue(forKey: session.token.selector)
+        for party in [session.source.uniqueName] + session.destinations.keys {
+            byParty[party]?.remove(session.id)
+            if byParty[party]?.isEmpty == true { byParty.removeValue(forKey: party) }
+        }
+        sourceCounts[session.source.uniqueName, default: 1] -= 1
+        if sourceCounts[session.source.uniqueName] == 0 { sourceCounts.removeValue(forKey: session.source.uniqueName) }
+    }
+
+    /// s2 before s10: the order sessions were begun in.
+    private static func numericOrder(_ a: String, _ b: String) -> Bool {
+        a.count != b.count ? a.count < b.count : a < b
+    }
+}

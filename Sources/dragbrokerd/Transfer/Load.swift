@@ -1,0 +1,295 @@
+// Transfer/ — the only way bytes move. `Load` owns one load from the request to its one
+// outcome; `PipeProxy` is its splice pump. A new kind of representation starts here.
+import BrokerProtocol
+import BusKit
+import Foundation
+import SystemCalls
+
+/// Where a load's bytes come from: the source's provider object, and the deadlines it has.
+struct LoadSource {
+    let bus: Bus
+    let sessionPath: String
+    let app: AppIdentity
+    let providerPath: String
+    /// Read when a deadline is armed or fires, so a reloaded policy applies to loads in flight.
+    let limits: () -> Limits
+}
+
+/// One load from request to outcome. A data load streams the source's pipe into the
+/// destination's through a `PipeProxy`; a file load hands the source's read-only file or
+/// sealed memfd to the destination. It has one phase, one byte count, a first-byte and a stall
+/// deadline, and it reports exactly one outcome through `onFinish`.
+final class Load {
+    enum Phase: Equatable {
+        /// Asked the source; nothing has arrived.
+        case awaitingSource
+        /// Bytes are moving; neither the pipe's end nor the provider's reply has come.
+        case streaming
+        /// The provider replied that it wrote everything; the pipe still drains.
+        case sourceAnswered
+        /// The pipe reached end of file; the provider's reply has not come.
+        case dataEnded
+        case finished
+    }
+
+    /// What the destination's `Load` call is answered with: a descriptor to read, or why not.
+    typealias Answer = (Result<(FileDescriptor, RepresentationKind), BrokerError>) -> Void
+
+    let id: UInt32
+    let item: UInt32
+    let typeIdentifier: String
+    let kind: RepresentationKind
+    let destination: AppIdentity
+    let startedAt = Date()
+    private(set) var phase: Phase = .awaitingSource
+    /// Bytes handed to the destination: spliced so far, or the size of a handed-over file.
+    private(set) var bytes: UInt64 = 0
+    /// The size the source announced, if it did.
+    var expected: UInt64?
+    /// Bytes moved; called at most every 50 ms.
+    var onProgress: ((Load) -> Void)?
+    /// The one outcome: nil when every byte arrived, else why not.
+    var onFinish: ((Load, BrokerError?) -> Void)?
+
+    private let sizeRule: (limit: UInt64, rule: String)?
+    private var proxy: PipeProxy?
+    private var providerCall: Slot?
+    private var deadline: LoopTimer?
+    /// Monotonic microseconds of the last byte moved (or the start), for the stall deadline.
+    private var lastProgressAt: UInt64
+    private var lastReportAt: UInt64 = 0
+    /// A file load's destination, still waiting for its `Load` reply.
+    private var answer: Answer?
+
+    init(_ request: LoadRequest) {
+        id = request.id
+        item = request.item
+        typeIdentifier = request.typeIdentifier
+        kind = request.kind
+        destination = request.destination
+        sizeRule = request.sizeRule.map { ($0.limit, "\($0.rule.origin)") }
+        lastProgressAt = Kernel.monotonicMicroseconds()
+    }
+
+    /// Asks the source for the bytes. A data load answers at once with the pipe to read; a
+    /// file load once the source has handed the file over.
+    func start(from source: LoadSource, answer: @escaping Answer) throws(InternalError) {
+        switch kind {
+        case .data: try startData(source, answer: answer)
+        case .file: try startFile(source, answer: answer)
+        }
+        armDeadline(source, after: source.limits().firstByteTimeout)
+    }
+
+    /// Ends the load early (cancelled, timed out, the session ended); the destination's
+    /// waiting call, if any, hears why.
+    func stop(_ error: BrokerError) {
+        finish(error)
+    }
+
+    var destinationIsFull: Bool { proxy?.destinationIsFull == true }
+
+    // MARK: Data
+
+    private func startData(_ source: LoadSource, answer: Answer) throws(InternalError) {
+        proxy = try PipeProxy(loop: source.bus.loop, handOver: { sourceEnd, destinationEnd throws(InternalError) in
+            do {
+                let call = try providerCall(source, member: "Provide")
+                try call.append(fileDescriptor: sourceEnd.rawValue)
+                // The reply says the source wrote everything (or why it failed); deadlines are ours.
+                providerCall = try source.bus.callAsync(call, timeout: UInt64.max) { [unowned self] result in
+                    providerCall = nil
+                    switch result {
+                    case .success: dataSettled(.sourceAnswered)
+                    case .failure(let error): finish(providerError(error, from: source.app))
+                    }
+                }
+            } catch {
+                throw InternalError("Failed to ask the source for the data: \(error)")
+            }
+            answer(.success((destinationEnd, .data)))
+        }, onFinish: { [unowned self] outcome, moved in
+            bytes += moved
+            switch outcome {
+            case .endOfData:
+                dataSettled(.dataEnded)
+            case .destinationClosed:
+                finish(BrokerError(.cancelled, "The destination closed its end of the load"))
+            case .limitExceeded:
+                var error = BrokerError.accessDenied(
+                    "The administrator's policy forbids more than \(sizeRule?.limit ?? 0) bytes of \(typeIdentifier) from \(source.app.appID) to \(destination.appID) (rule at \(sizeRule?.rule ?? "?"))")
+                error.rule = sizeRule?.rule
+                finish(error)
+            case .failed(let reason):
+                finish(BrokerError(.failed, reason))
+            }
+        })
+        proxy?.allowance = { [unowned self] in sizeRule.map { $0.limit >= bytes ? $0.limit - bytes : 0 } }
+        proxy?.onMoved = { [unowned self] moved in progressed(moved) }
+    }
+
+    /// The data is complete once both the pipe's end and the provider's reply have come.
+    private func dataSettled(_ half: Phase) {
+        switch phase {
+        case .awaitingSource, .streaming: phase = half
+        case .sourceAnswered where half == .dataEnded, .dataEnded where half == .sourceAnswered: finish(nil)
+        default: break
+        }
+    }
+
+    private func progressed(_ moved: UInt64) {
+        bytes += moved
+        if phase == .awaitingSource { phase = .streaming }
+        let now = Kernel.monotonicMicroseconds()
+        lastProgressAt = now
+        if now - lastReportAt >= 50_000 {
+            lastReportAt = now
+            onProgress?(self)
+        }
+    }
+
+    // MARK: Files
+
+    private func startFile(_ source: LoadSource, answer: @escaping Answer) throws(InternalError) {
+        do {
+            let call = try providerCall(source, member: "ProvideFile")
+            providerCall = try source.bus.callAsync(call, timeout: UInt64.max) { [unowned self] result in
+                providerCall = nil
+                switch result {
+                case .success(let message):
+                    let handed: FileDescriptor
+                    do {
+                        handed = FileDescriptor(rawValue: try message.readFileDescriptor())
+                    } catch {
+                        return finish(BrokerError(.providerFailed, "The source's answer carried no file: \(error)"))
+                    }
+                    defer { handed.closeQuietly() }
+                    do throws(BrokerError) {
+                        let (file, size) = try Self.checkedFile(handed)
+                        defer { file.closeQuietly() }
+                        bytes = size
+                        self.answer = nil
+                        answer(.success((file, .file)))
+                        finish(nil)
+                    } catch {
+                        finish(error)
+                    }
+                case .failure(let error):
+                    finish(providerError(error, from: source.app))
+                }
+            }
+        } catch {
+            throw InternalError("Failed to ask the source for the file: \(error.message)")
+        }
+        // Should the load end another way (cancel, timeout, disconnect), the waiting caller hears why.
+        self.answer = answer
+    }
+
+    /// A file handed over must be a read-only regular file or a memfd sealed against writing,
+    /// growing and shrinking, so what the destination reads is what the source offered.
+    /// Returns a fresh read-only descriptor (its own file offset) and the size.
+    static func checkedFile(_ fd: FileDescriptor) throws(BrokerError) -> (FileDescriptor, UInt64) {
+        let status: FileStatus
+        do {
+            status = try fd.status()
+        } catch {
+            throw BrokerError(.providerFailed, "The source handed over a descriptor that cannot be examined: \(error)")
+        }
+        switch status.kind {
+        case .regular: break
+        case .directory: throw BrokerError(.providerFailed, "The source handed over a directory, not a file")
+        case .socket: throw BrokerError(.providerFailed, "The source handed over a socket, not a file")
+        case .fifo: throw BrokerError(.providerFailed, "The source handed over a pipe, not a file: use a data representation to stream")
+        case .other: throw BrokerError(.providerFailed, "The source handed over something that is not a regular file")
+        }
+        if let seals = try? fd.seals() {
+            guard seals.isSuperset(of: .immutable) else {
+                throw BrokerError(.providerFailed, "The source handed over a memfd without write, grow and shrink seals")
+            }
+        } else {
+            guard (try? fd.isReadOnly()) == true else {
+                throw BrokerError(.providerFailed, "The source handed over a file open for writing: open it read-only, or pass a sealed memfd")
+            }
+        }
+        do {
+            return (try fd.reopenReadOnly(), status.size)
+        } catch {
+            throw BrokerError(.providerFailed, "Failed to reopen the handed-over file read-only: \(error)")
+        }
+    }
+
+    // MARK: The provider
+
+    private func providerCall(_ source: LoadSource, member: String) throws(BusError) -> Message {
+        let call = try source.bus.newMethodCall(destination: source.app.uniqueName, path: source.providerPath,
+                                                interface: BrokerNames.providerInterface, member: member)
+        try call.append(objectPath: source.sessionPath)
+        try call.append(item)
+        try call.append(typeIdentifier)
+        try call.append(id)
+        return call
+    }
+
+    private func providerError(_ error: BusError, from app: AppIdentity) -> BrokerError {
+        if let code = BrokerErrorCode(busName: error.name), code == .cancelled {
+            return BrokerError(.cancelled, "The source cancelled the load: \(error.message)")
+        }
+        // The bus answers for a source that died with the call pending; say so the way the
+        // session's end will, whichever of the two the daemon hears first.
+        if ["org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.ServiceUnknown",
+            "org.freedesktop.DBus.Error.NameHasNoOwner", "org.freedesktop.DBus.Error.Disconnected"].contains(error.name) {
+            return BrokerError(.disconnected, "The source app \(app.appID) disconnected")
+        }
+        return BrokerError(.providerFailed, "The source failed to provide the data: \(error.name): \(error.message)")
+    }
+
+    // MARK: Deadlines and the end
+
+    /// One timer per load: it fires at the earliest deadline and re-arms while bytes move.
+    private func armDeadline(_ source: LoadSource, after delay: UInt64) {
+        deadline = try? LoopTimer(loop: source.bus.loop, afterMicroseconds: delay) { [unowned self] in
+            guard phase != .finished else { return }
+            let limits = source.limits()
+            let now = Kernel.monotonicMicroseconds()
+            if kind == .file || bytes == 0 && phase != .dataEnded {
+                finish(BrokerError(.timeout,
+                    "The source produced nothing within \(limits.firstByteTimeout / 1_000_000) s (first-byte deadline)"))
+            } else if now - lastProgressAt >= limits.stallTimeout {
+                let who = destinationIsFull ? "the destination stopped reading" : "the source stopped sending"
+                finish(BrokerError(.timeout,
+                    "The load made no progress for \(limits.stallTimeout / 1_000_000) s: \(who) (stall deadline)"))
+            } else {
+                armDeadline(source, after: lastProgressAt + limits.stallTimeout - now)
+            }
+        }
+    }
+
+    private func finish(_ error: BrokerError?) {
+        guard phase != .finished else { return }
+        phase = .finished
+        providerCall = nil
+        deadline = nil
+        proxy?.stop()
+        proxy = nil
+        if let error, let answer {
+            self.answer = nil
+            answer(.failure(error))
+        }
+        let report = onFinish
+        onFinish = nil
+        onProgress = nil
+        report?(self, error)
+    }
+
+    /// How the log names the outcome.
+    static func outcome(of error: BrokerError?) -> String {
+        switch error?.code {
+        case nil: "completed"
+        case .cancelled: "cancelled"
+        case .timeout: "timed-out"
+        case .disconnected: "disconnected"
+        case .accessDenied: "denied"
+        default: "failed"
+        }
+    }
+}

@@ -1,0 +1,347 @@
+import BrokerPolicy
+import BrokerProtocol
+import UniformTypes
+import XCTest
+
+@testable import dragbrokerd
+
+/// The session's rules, tried on sessions built directly: no bus, no process, no file.
+final class SessionRulesTests: XCTestCase {
+    // Flatpak IDs vouch for themselves, so teams come from the reverse-DNS prefix.
+    static let source = identity(":1.1", flatpak: "org.example.Editor")
+    static let sameApp = identity(":1.2", flatpak: "org.example.Editor")
+    static let teammate = identity(":1.3", flatpak: "org.example.Viewer")
+    static let stranger = identity(":1.4", flatpak: "com.other.Reader")
+    static let unsandboxedSameUser = identity(":1.5", executable: "/usr/bin/tool")
+
+    static func identity(_ name: String, flatpak: String? = nil, executable: String = "/app/bin/app", uid: uid_t = 1000,
+                         policy: Policy = Policy()) -> AppIdentity {
+        AppIdentity(facts: ProcessFacts(uniqueName: name, pid: 100, uid: uid, executable: executable, flatpakApp: flatpak),
+                    policy: policy)
+    }
+
+    /// One item with a representation of each visibility, and a second visible to all.
+    static let items = [
+        ItemDescriptor(suggestedName: "a", representations: [
+            RepresentationDescriptor(typeIdentifier: "text/x-app", visibility: .app),
+            RepresentationDescriptor(typeIdentifier: "text/x-team", visibility: .team),
+            RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all),
+        ]),
+        ItemDescriptor(suggestedName: "b", representations: [
+            RepresentationDescriptor(typeIdentifier: "image/png", visibility: .app, kind: .file),
+        ]),
+    ]
+
+    final class Recorder {
+        var events: [String] = []
+    }
+
+    func makeSession(restricted: Bool = false, allowsMove: Bool = false, items: [ItemDescriptor] = items) -> (Session, Recorder) {
+        let recorder = Recorder()
+        let session = Session(id: "s7", token: try! SessionToken.random(), source: Self.source, providerPath: "/p",
+                              items: items, options: SessionOptions(restrictedToApp: restricted, allowsMove: allowsMove)) { _, event in
+            recorder.events.append(Self.name(event))
+        }
+        return (session, recorder)
+    }
+
+    static func name(_ event: SessionEvent) -> String {
+        switch event {
+        case .began: "began"
+        case .itemsAdded: "itemsAdded"
+        case .proposed(let who, let proposal, let allowed, let entering):
+            "\(entering ? "enter" : "update") \(who.uniqueName) \(proposal.rawValue)->\(allowed.rawValue)"
+        case .exited(let who): "exit \(who.uniqueName)"
+        case .dropped(let who, let operation): "dropped \(who.uniqueName) \(operation.rawValue)"
+        case .concluded: "concluded"
+        case .loadStarted(let load): "loadStarted \(load.id)"
+        case .loadProgressed(let load): "loadProgressed \(load.id)"
+        case .loadSizeAnnounced(let load): "loadSizeAnnounced \(load.id) \(load.expected ?? 0)"
+        case .loadFinished(let load, let error): "loadFinished \(load.id) \(error?.code.rawValue ?? "ok")"
+        case .transferFinished: "transferFinished"
+        case .ended(let outcome, let error): "ended \(outcome) \(error?.code.rawValue ?? "ok")"
+        }
+    }
+
+    func rules(policy: Policy = Policy(), limits: Limits = Limits(), auditRefuses: Bool = false) -> LoadRules {
+        LoadRules(policy: policy, limits: limits, types: MimeDatabase(subclasses: [:], aliases: [:]), auditRefuses: auditRefuses)
+    }
+
+    /// Asserts the exact refusal.
+    func assertRefused<T>(_ body: @autoclosure () throws -> T, _ code: BrokerErrorCode, _ message: String,
+                          file: StaticString = #filePath, line: UInt = #line) {
+        do {
+            _ = try body()
+            XCTFail("expected \(code.rawValue): \(message)", file: file, line: line)
+        } catch let error as BrokerError {
+            XCTAssertEqual(error.code, code, file: file, line: line)
+            XCTAssertEqual(error.message, message, file: file, line: line)
+        } catch {
+            XCTFail("unexpected \(error)", file: file, line: line)
+        }
+    }
+
+    /// Enters and drops for `destination`.
+    func drop(_ session: Session, by destination: AppIdentity, proposing: DropOperation = .copy) throws {
+        try session.admit(destination, limit: 64)
+        _ = try session.propose(proposing, by: destination, entering: true)
+        _ = try session.performDrop(by: destination)
+    }
+
+    // MARK: Visibility × restriction
+
+    func testEachPartySeesExactlyTheRepresentationsItsVisibilityAllows() {
+        let (session, _) = makeSession()
+        func types(_ who: AppIdentity) -> [[String]] { session.visibleItems(for: who).map(\.item.typeIdentifiers) }
+        XCTAssertEqual(types(Self.source), [["text/x-app", "text/x-team", "text/plain"], ["image/png"]])
+        XCTAssertEqual(types(Self.sameApp), [["text/x-app", "text/x-team", "text/plain"], ["image/png"]])
+        XCTAssertEqual(types(Self.teammate), [["text/x-team", "text/plain"]], "the app-only item is absent, not empty")
+        XCTAssertEqual(types(Self.stranger), [["text/plain"]])
+        XCTAssertEqual(session.visibleItems(for: Self.stranger).map(\.index), [0])
+    }
+
+    func testARestrictedSessionExistsOnlyForItsOwnApp() {
+        let (restricted, _) = makeSession(restricted: true)
+        let (open, _) = makeSession()
+        XCTAssertTrue(restricted.isVisible(to: Self.sameApp))
+        XCTAssertFalse(restricted.isVisible(to: Self.teammate))
+        XCTAssertFalse(restricted.mayBeInspected(by: Self.unsandboxedSameUser))
+        XCTAssertTrue(open.mayBeInspected(by: Self.unsandboxedSameUser), "an unsandboxed tool of the same user may inspect")
+        XCTAssertFalse(open.mayBeInspected(by: Self.stranger), "a sandboxed app sees only its own sessions")
+        XCTAssertFalse(open.mayBeInspected(by: Self.identity(":1.9", executable: "/usr/bin/tool", uid: 1001)), "another user")
+        XCTAssertTrue(open.mayBeInspected(by: Self.identity(":1.9", executable: "/usr/bin/tool", uid: 0)), "root")
+    }
+
+    // MARK: Proposals, move, drop
+
+    func testMoveIsAllowedOnlyWithinTheSourceAppAndOnlyWhenItAllowsMove() throws {
+        let (moving, _) = makeSession(allowsMove: true)
+        try moving.admit(Self.sameApp, limit: 64)
+        try moving.admit(Self.teammate, limit: 64)
+        XCTAssertEqual(try moving.propose(.move, by: Self.sameApp, entering: true), .move)
+        XCTAssertEqual(try moving.propose(.move, by: Self.teammate, entering: true), .copy, "across apps a move is a copy")
+        XCTAssertEqual(try moving.propose(.forbidden, by: Self.teammate, entering: false), .forbidden)
+        let (copying, _) = makeSession(allowsMove: false)
+        try copying.admit(Self.sameApp, limit: 64)
+        XCTAssertEqual(try copying.propose(.move, by: Self.sameApp, entering: true), .copy)
+    }
+
+    func testProposalsNeedTheTokenAndEnterBeforeUpdate() throws {
+        let (session, events) = makeSession()
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: true), .accessDenied,
+                      "Present the session token with PresentToken before proposing a drop")
+        try session.admit(Self.teammate, limit: 64)
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false), .wrongState,
+                      "Call Enter before Update: the drag is not over this destination")
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: true), .copy)
+        try session.exit(by: Self.teammate)
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false), .wrongState,
+                      "Call Enter before Update: the drag is not over this destination")
+        XCTAssertEqual(events.events, ["enter :1.3 copy->copy", "exit :1.3"])
+    }
+
+    func testADropNeedsACurrentCopyOrMoveAndHappensOnce() throws {
+        let (session, events) = makeSession()
+        try session.admit(Self.teammate, limit: 64)
+        try session.admit(Self.stranger, limit: 64)
+        assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Call Enter with a proposal before PerformDrop")
+        _ = try session.propose(.forbidden, by: Self.teammate, entering: true)
+        assertRefused(try session.performDrop(by: Self.teammate), .wrongState,
+                      "The current proposal allows 'forbidden': a drop needs copy or move")
+        _ = try session.propose(.copy, by: Self.teammate, entering: false)
+        XCTAssertEqual(try session.performDrop(by: Self.teammate), .copy)
+        XCTAssertEqual(session.state, .dropped)
+        assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Session s7 is dropped: it has already been dropped")
+        assertRefused(try session.propose(.copy, by: Self.stranger, entering: true), .wrongState, "Session s7 is dropped: proposals are over")
+        XCTAssertEqual(events.events.last, "dropped :1.3 copy")
+    }
+
+    func testOnlyTheDropDestinationConcludesAndTheTransferFinishesWithoutLoads() throws {
+        let (session, events) = makeSession()
+        assertRefused(try session.conclude(by: Self.teammate), .wrongState,
+                      "Session s7 has not been dropped: only the drop destination concludes it")
+        try drop(session, by: Self.teammate)
+        assertRefused(try session.conclude(by: Self.stranger), .accessDenied,
+                      "Only the destination that performed the drop may conclude session s7")
+        try session.conclude(by: Self.teammate)
+        XCTAssertEqual(events.events, ["enter :1.3 copy->copy", "dropped :1.3 copy", "concluded", "transferFinished", "ended completed ok"])
+        XCTAssertTrue(session.isOver)
+        assertRefused(try session.conclude(by: Self.teammate), .wrongState, "Session s7 is already concluded")
+    }
+
+    // MARK: Flocking and cancel
+
+    func testOnlyTheSourceAppAddsItemsAndOnlyWhileDragging() throws {
+        let (session, events) = makeSession()
+        let more = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all)])]
+        assertRefused(try session.addItems(more, by: Self.teammate, limit: 256), .accessDenied,
+                      "Only org.example.Editor may add items to session s7: cross-app flocking is not allowed")
+        try session.addItems(more, by: Self.sameApp, limit: 256)
+        XCTAssertEqual(session.items.count, 3)
+        assertRefused(try session.addItems(more, by: Self.source, limit: 3), .limitExceeded,
+                      "A session holds at most 3 items; session s7 has 3")
+        try drop(session, by: Self.teammate)
+        assertRefused(try session.addItems(more, by: Self.source, limit: 256), .wrongState,
+                      "Session s7 is dropped: items can be added only while dragging")
+        XCTAssertEqual(events.events.first, "itemsAdded")
+    }
+
+    func testOnlyTheSourceCancelsAndLoadsInFlightStopWithTheReason() throws {
+        let (session, events) = makeSession()
+        try drop(session, by: Self.teammate)
+        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
+        session.track(load)
+        assertRefused(try session.cancel(by: Self.sameApp), .accessDenied, "Only the source of session s7 may cancel it")
+        try session.cancel(by: Self.source)
+        XCTAssertEqual(Array(events.events.suffix(3)), ["loadStarted 1", "loadFinished 1 Cancelled", "ended cancelled Cancelled"])
+        XCTAssertEqual(load.phase, .finished)
+        XCTAssertEqual(session.operation, .copy, "a dropped session keeps the operation it was dropped with")
+    }
+
+    func testAPartyLeavingEndsWhatDependsOnItAndNothingElse() throws {
+        let (session, events) = makeSession()
+        try session.admit(Self.stranger, limit: 64)
+        _ = try session.propose(.copy, by: Self.stranger, entering: true)
+        session.partyVanished(Self.stranger.uniqueName)
+        XCTAssertNil(session.current)
+        XCTAssertFalse(session.isParty(Self.stranger.uniqueName))
+        XCTAssertFalse(session.isOver)
+        try drop(session, by: Self.teammate)
+        session.partyVanished(Self.teammate.uniqueName)
+        XCTAssertEqual(events.events.last, "ended destination-disconnected Disconnected")
+        let (other, otherEvents) = makeSession()
+        other.partyVanished(Self.source.uniqueName)
+        XCTAssertEqual(otherEvents.events, ["ended source-disconnected Disconnected"])
+        XCTAssertEqual(other.operation, .cancel)
+    }
+
+    // MARK: Loads
+
+    func testLoadsOnlyAfterTheDropByTheDropDestinationOfWhatItSees() throws {
+        let (session, _) = makeSession()
+        try session.admit(Self.teammate, limit: 64)
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()), .wrongState,
+                      "Loads are allowed only after PerformDrop")
+        try drop(session, by: Self.teammate)
+        try session.admit(Self.sameApp, limit: 64)
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.sameApp, rules: rules()), .accessDenied,
+                      "Only the destination that performed the drop may load from session s7")
+        assertRefused(try session.authorizeLoad(item: 1, type: "image/png", by: Self.teammate, rules: rules()), .notFound,
+                      "No item 1: session s7 has 1 item(s)")
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/x-app", by: Self.teammate, rules: rules()), .notFound,
+                      "Item 0 has no representation of type 'text/x-app'")
+        assertRefused(try session.authorizeLoad(item: 0, type: "not a type", by: Self.teammate, rules: rules()), .invalidArgument,
+                      invalidTypeMessage("not a type"))
+        let first = try session.authorizeLoad(item: 0, type: "public.plain-text", by: Self.teammate, rules: rules())
+        XCTAssertEqual(first.id, 1)
+        XCTAssertEqual(first.typeIdentifier, "text/plain", "UTIs are stored as their MIME type")
+        let team = try session.authorizeLoad(item: 0, type: "text/x-team", by: Self.teammate, rules: rules())
+        XCTAssertEqual(team.id, 2)
+        try session.conclude(by: Self.teammate)
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()), .wrongState,
+                      "Session s7 was concluded: no new loads")
+    }
+
+    func invalidTypeMessage(_ type: String) -> String {
+        do {
+            _ = try TypeIdentifier(type)
+            return ""
+        } catch {
+            return error.message
+        }
+    }
+
+    func testPolicyLimitsAndFailClosedRefuseALoadBeforeAnyByteMoves() throws {
+        let (session, _) = makeSession()
+        try drop(session, by: Self.stranger)
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 12)
+        let deny = Policy(flows: [FlowRule(from: .team("org.example"), to: .any, typePatterns: ["text/*"], action: .deny, origin: origin)])
+        do {
+            _ = try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(policy: deny))
+            XCTFail("the flow rule denies text from the team")
+        } catch {
+            XCTAssertEqual(error.code, .accessDenied)
+            XCTAssertEqual(error.message, "The administrator's policy forbids text/plain from org.example.Editor to com.other.Reader (rule at \(origin))")
+            XCTAssertEqual(error.rule, "\(origin)")
+        }
+        let capped = Policy(flows: [FlowRule(from: .any, to: .any, largerThan: 5, action: .deny, origin: origin)])
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(policy: capped)).sizeRule?.limit, 5,
+                       "a size rule caps the stream instead of refusing it")
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(auditRefuses: true)), .failed,
+                      "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
+        var limits = Limits()
+        limits.concurrentLoadsPerSession = 2
+        for _ in 0..<2 { session.track(Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules()))) }
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(limits: limits)), .limitExceeded,
+                      "Session s7 already has 2 loads in flight")
+    }
+
+    func testALoadReportsOneOutcomeAndTheLastOneFinishesAConcludedTransfer() throws {
+        let (session, events) = makeSession()
+        try drop(session, by: Self.teammate)
+        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
+        session.track(load)
+        try session.conclude(by: Self.teammate)
+        XCTAssertFalse(session.isOver, "a load in flight keeps the transfer open")
+        assertRefused(try session.cancelLoad(1, by: Self.stranger), .accessDenied,
+                      "Only the load's destination, the session's source or an administrator may cancel load 1")
+        try session.setExpectedSize(42, load: 1, by: Self.source)
+        assertRefused(try session.setExpectedSize(42, load: 1, by: Self.teammate), .accessDenied,
+                      "Only the source of session s7 may announce a load's size")
+        try session.cancelLoad(1, by: Self.teammate)
+        load.stop(BrokerError(.timeout, "twice"))
+        XCTAssertEqual(Array(events.events.suffix(6)),
+                       ["loadStarted 1", "concluded", "loadSizeAnnounced 1 42", "loadFinished 1 Cancelled", "transferFinished", "ended completed ok"])
+        assertRefused(try session.cancelLoad(1, by: Self.teammate), .notFound, "No load 1 in flight in session s7")
+        XCTAssertNoThrow(try session.setExpectedSize(1, load: 1, by: Self.source), "an announcement racing the load's end is ignored")
+        assertRefused(try session.setExpectedSize(1, load: 9, by: Self.source), .notFound, "No load 9 in session s7")
+    }
+
+    // MARK: The registry
+
+    func testTheRegistryFindsSessionsByIDPathTokenAndPartyAndForgetsThemWhenTheyEnd() throws {
+        var policy = Policy()
+        policy.limits.sessionsPerConnection = 2
+        policy.limits.sessionsTotal = 3
+        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), firstSessionNumber: 41)
+        var ended: [String] = []
+        registry.onEvent = { session, event in if case .ended = event { ended.append(session.id) } }
+        let a = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        let b = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(restrictedToApp: true), providerPath: "/p")
+        XCTAssertEqual([a.id, b.id], ["s41", "s42"])
+        XCTAssertThrowsError(try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")) {
+            XCTAssertEqual($0 as? BrokerError, .limitExceeded("This connection already has 2 live sessions (limit 2)"))
+        }
+        let c = try registry.begin(source: Self.teammate, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        XCTAssertThrowsError(try registry.begin(source: Self.stranger, items: Self.items, options: SessionOptions(), providerPath: "/p")) {
+            XCTAssertEqual($0 as? BrokerError, .limitExceeded("The broker holds 3 sessions, its limit"))
+        }
+        XCTAssertTrue(registry.session(atPath: "/org/dragbroker/Broker1/session/s42") === b)
+        XCTAssertNil(registry.session(atPath: "/org/dragbroker/Broker1/session/s4"))
+        XCTAssertTrue(try registry.present(token: a.token.hex, by: Self.stranger) === a)
+        XCTAssertThrowsError(try registry.present(token: b.token.hex, by: Self.stranger)) {
+            XCTAssertEqual($0 as? BrokerError, .notFound("No live session has this token"), "restricted: no such session for another app")
+        }
+        var forged = Array(a.token.hex)
+        forged[63] = forged[63] == "0" ? "1" : "0"
+        XCTAssertThrowsError(try registry.present(token: String(forged), by: Self.stranger))
+        XCTAssertThrowsError(try registry.present(token: a.token.hex.uppercased(), by: Self.stranger))
+        XCTAssertEqual(Set(registry.sessions(of: Self.stranger.uniqueName).map(\.id)), ["s41"])
+        registry.peerVanished(Self.source.uniqueName)
+        XCTAssertEqual(ended, ["s41", "s42"])
+        XCTAssertEqual(registry.count, 1)
+        XCTAssertTrue(registry.sessions(of: Self.stranger.uniqueName).isEmpty)
+        XCTAssertTrue(registry.session(id: "s43") === c)
+        XCTAssertThrowsError(try registry.present(token: a.token.hex, by: Self.stranger), "a token dies with its session")
+        _ = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+    }
+
+    func testTokensRoundTripThroughTheirHexForm() throws {
+        let token = try SessionToken.random()
+        XCTAssertEqual(token.hex.count, 64)
+        XCTAssertTrue(SessionToken(hex: token.hex)?.matches(token) == true)
+        XCTAssertNil(SessionToken(hex: String(token.hex.dropLast())))
+        XCTAssertNil(SessionToken(hex: token.hex + "00"))
+        XCTAssertEqual(SessionToken(hex: String(repeating: "0f", count: 32))?.hex, String(repeating: "0f", count: 32))
+    }
+}
