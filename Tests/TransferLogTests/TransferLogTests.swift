@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import XCTest
 
 @testable import TransferLog
@@ -17,6 +18,23 @@ final class TransferLogTests: XCTestCase {
     }
 
     private var logPath: String { directory.appendingPathComponent("transfers.sqlite").path }
+
+    /// Reads the log's file through a connection of the test's own, as any SQLite client could.
+    /// A `DatabaseQueue` leaves the journal mode as it finds it (a `DatabasePool` would set WAL).
+    private func strings(sql: String) throws -> [String] {
+        var config = Configuration()
+        config.readonly = true
+        return try DatabaseQueue(path: logPath, configuration: config).read { try String.fetchAll($0, sql: sql) }
+    }
+
+    /// Holds `log`'s writer queue until the returned semaphore is signalled, so that entries
+    /// submitted meanwhile stay in memory: `highestSessionNumber(prefix:then:)` reports on that
+    /// serial queue, and every later drain waits behind the report.
+    private func holdWriter(of log: TransferLog) -> DispatchSemaphore {
+        let release = DispatchSemaphore(value: 0)
+        log.highestSessionNumber(prefix: "s") { _ in release.wait() }
+        return release
+    }
 
     // Whole microseconds, so the exact Date survives the integer encoding.
     private let t0 = Date(timeIntervalSince1970: 1_700_000_000.123456)
@@ -77,20 +95,20 @@ final class TransferLogTests: XCTestCase {
         log.submit(.session(session()))
         log.flush()
         XCTAssertEqual(
-            try log.strings(sql: "SELECT typeof(startedAt) || ':' || startedAt FROM session"),
+            try strings(sql: "SELECT typeof(startedAt) || ':' || startedAt FROM session"),
             ["integer:1700000000123456"])
     }
 
     func testJournalModeIsWAL() throws {
-        let log = try TransferLog(path: logPath)
-        XCTAssertEqual(try log.strings(sql: "PRAGMA journal_mode"), ["wal"])
+        _ = try TransferLog(path: logPath)
+        XCTAssertEqual(try strings(sql: "PRAGMA journal_mode"), ["wal"])
     }
 
     func testMigrationIdentifiersAreRecordedOnce() throws {
         _ = try TransferLog(path: logPath)
-        let reopened = try TransferLog(path: logPath)
+        _ = try TransferLog(path: logPath)
         XCTAssertEqual(
-            try reopened.strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
+            try strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
             ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams"])
     }
 
@@ -127,7 +145,7 @@ final class TransferLogTests: XCTestCase {
         }
         log.flush()
         XCTAssertNil(log.lastWriteError)
-        XCTAssertEqual(try log.strings(sql: "SELECT CAST(count(*) AS TEXT) FROM load"), ["1000"])
+        XCTAssertEqual(try strings(sql: "SELECT CAST(count(*) AS TEXT) FROM load"), ["1000"])
         let loads = try log.loads(limit: 5000)
         XCTAssertEqual(loads.count, 1000)
         XCTAssertEqual(loads.map(\.bytes), (0..<1000).reversed().map(Int64.init))
@@ -135,14 +153,19 @@ final class TransferLogTests: XCTestCase {
     }
 
     func testBurstIsCommittedAsOneTransaction() throws {
-        let log = try TransferLog(path: logPath)
-        let writer = try XCTUnwrap(log.backgroundWriter)
-        writer.suspend()
-        for i in 0..<500 { log.submit(.session(session("s-\(i)"))) }
-        writer.resume()
-        log.flush()
-        XCTAssertEqual(writer.committedBatches, 1)
-        XCTAssertEqual(try log.strings(sql: "SELECT CAST(count(*) AS TEXT) FROM session"), ["500"])
+        // Built from its parts so the test can watch the pool's commits.
+        let pool = try DatabasePool(path: logPath)
+        try Schema.migrator.migrate(pool)
+        let commits = CommitCounter()
+        pool.add(transactionObserver: commits)
+        let writer = BatchWriter(pool: pool, capacity: TransferLog.defaultQueueCapacity, onError: nil)
+        let release = DispatchSemaphore(value: 0)
+        writer.perform { release.wait() }
+        for i in 0..<500 { _ = writer.submit(.session(session("s-\(i)"))) }
+        release.signal()
+        writer.flush()
+        XCTAssertEqual(commits.count, 1)
+        XCTAssertEqual(try strings(sql: "SELECT CAST(count(*) AS TEXT) FROM session"), ["500"])
     }
 
     func testOpenReadOnlyMissingPathThrowsWithoutCreatingFile() {
@@ -171,10 +194,9 @@ final class TransferLogTests: XCTestCase {
 
     func testSubmitReturnsFalseWhenQueueIsFull() throws {
         let log = try TransferLog(path: logPath, queueCapacity: 3)
-        let writer = try XCTUnwrap(log.backgroundWriter)
-        writer.suspend()
+        let release = holdWriter(of: log)
         XCTAssertEqual((0..<4).map { log.submit(.session(session("s-\($0)"))) }, [true, true, true, false])
-        writer.resume()
+        release.signal()
         log.flush()
         XCTAssertEqual(try log.sessions().map(\.sessionID).sorted(), ["s-0", "s-1", "s-2"])
         // Capacity is released once the batch is on disk.
@@ -186,12 +208,11 @@ final class TransferLogTests: XCTestCase {
     func testBadEntryIsReportedWithoutLosingTheRestOfItsBatch() throws {
         let reported = ErrorBox()
         let log = try TransferLog(path: logPath, onWriteError: { reported.append($0) })
-        let writer = try XCTUnwrap(log.backgroundWriter)
-        writer.suspend()
+        let release = holdWriter(of: log)
         log.submit(.session(session("dup")))
         log.submit(.session(session("dup")))
         log.submit(.load(load()))
-        writer.resume()
+        release.signal()
         log.flush()
 
         XCTAssertEqual(try log.sessions().map(\.sessionID), ["dup"])
@@ -228,6 +249,19 @@ final class TransferLogTests: XCTestCase {
             TransferLog.defaultPath(environment: ["HOME": "/home/u"]),
             "/home/u/.local/state/dragbroker/transfers.sqlite")
     }
+}
+
+/// Counts the transactions committed on a pool's writer connection.
+private final class CommitCounter: TransactionObserver, @unchecked Sendable {
+    private let lock = NSLock()
+    private var commits = 0
+
+    var count: Int { lock.withLock { commits } }
+
+    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool { false }
+    func databaseDidChange(with event: DatabaseEvent) {}
+    func databaseDidCommit(_ db: Database) { lock.withLock { commits += 1 } }
+    func databaseDidRollback(_ db: Database) {}
 }
 
 /// Collects errors reported on the writer's queue.
