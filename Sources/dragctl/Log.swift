@@ -1,0 +1,108 @@
+// Subcommands that read the transfer log file directly, so they work even when dragbrokerd is not running: log and stats.
+import ArgumentParser
+import TransferLog
+
+struct LogOptions: ParsableArguments {
+    @Option(help: "The state directory holding transfers.sqlite (default: $DRAGBROKER_STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker).")
+    var stateDirectory: String?
+
+    func open() throws -> TransferLog {
+        try TransferLog.openReadOnly(path: stateDirectory.map(TransferLog.path(inStateDirectory:)) ?? TransferLog.defaultPath())
+    }
+}
+
+struct Log: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the transfer log: sessions and their loads, newest first.")
+
+    @OptionGroup var location: LogOptions
+
+    @Option(help: "Show at most this many records of each kind.")
+    var limit: Int = 50
+
+    @Option(help: "Only loads that started at or after this time (\"2026-11-21 09:00\", \"-2h\").")
+    var since: String?
+
+    @Option(help: "Only loads that started at or before this time.")
+    var until: String?
+
+    @Option(help: "Only loads from or to this app ID.")
+    var app: String?
+
+    @Option(help: "Only loads from or to this team.")
+    var team: String?
+
+    @Option(help: "Only loads of this type.")
+    var type: String?
+
+    @Option(help: "Only loads with this outcome: completed, cancelled, timed-out, denied, disconnected, failed.")
+    var outcome: String?
+
+    @OptionGroup var output: OutputOptions
+
+    struct Report: Encodable {
+        var sessions: [SessionRecord]
+        var loads: [LoadRecord]
+    }
+
+    func validate() throws {
+        if let since, parseTime(since) == nil { throw ValidationError("--since: '\(since)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+        if let until, parseTime(until) == nil { throw ValidationError("--until: '\(until)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+        guard limit > 0 else { throw ValidationError("--limit must be positive") }
+    }
+
+    func run() async throws {
+        let report: Report
+        let filter = TransferLog.LoadFilter(since: since.flatMap(parseTime), until: until.flatMap(parseTime), app: app, team: team,
+                                            type: type, outcome: outcome)
+        let filtered = since != nil || until != nil || app != nil || team != nil || type != nil || outcome != nil
+        do {
+            let log = try location.open()
+            let loads = try log.loads(limit: limit, filter: filter)
+            let ids = Set(loads.map(\.sessionID))
+            let sessions = try log.sessions(limit: limit).filter { !filtered || ids.contains($0.sessionID) }
+            report = Report(sessions: sessions, loads: loads)
+        } catch {
+            throw fail("Failed to read the transfer log: \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(report) }
+        output.page(output.table(
+            ["SESSION", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
+            report.sessions.map { [$0.sessionID, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
+            legend: "\(plural(report.sessions.count, "session")) listed.") + "\n\n" + output.table(
+            ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
+            report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
+            legend: "\(plural(report.loads.count, "load")) listed."))
+    }
+}
+
+struct Stats: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Totals of the transfer log by app, type and outcome.")
+
+    @OptionGroup var location: LogOptions
+    @OptionGroup var output: OutputOptions
+
+    struct Report: Encodable {
+        var bySourceApp: [TransferLog.Total]
+        var byDestinationApp: [TransferLog.Total]
+        var byType: [TransferLog.Total]
+        var byOutcome: [TransferLog.Total]
+    }
+
+    func run() async throws {
+        let report: Report
+        do {
+            let log = try location.open()
+            report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
+                            byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"))
+        } catch {
+            throw fail("Failed to read the transfer log: \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(report) }
+        let tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
+                      ("TYPE", report.byType), ("OUTCOME", report.byOutcome)].map { title, totals in
+            output.table([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
+                         legend: "\(totals.count) \(totals.count == 1 ? "entry" : "entries") listed.")
+        }
+        output.page(tables.joined(separator: "\n\n") + "\n")
+    }
+}
