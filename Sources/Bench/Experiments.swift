@@ -20,6 +20,11 @@ actor RawDestination {
         self.loop = loop
     }
 
+    /// Stops the loop, as `EchoClient.close()` does.
+    nonisolated func close() {
+        loop.stop()
+    }
+
     func call(_ path: String, _ interface: String, _ member: String, _ build: (Message) throws(BusError) -> Void = { _ in }) async throws(BusError) -> Message {
         let m = try bus.newMethodCall(destination: broker, path: path, interface: interface, member: member)
         try build(m)
@@ -100,11 +105,13 @@ enum Experiments {
         guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin") || $0.hasPrefix("ERR") }),
               begun.hasPrefix("OK begin ") else { throw BenchError("the second drag failed") }
         let raw = try RawDestination(address: world.address)
+        defer { raw.close() }
         try await raw.join(token: String(begun.dropFirst("OK begin ".count)))
         try world.source.send("rawbegin")
         guard let rawBegun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK rawbegin") || $0.hasPrefix("ERR") }),
               rawBegun.hasPrefix("OK rawbegin ") else { throw BenchError("the raw source's drag failed") }
         let rawBoth = try RawDestination(address: world.address)
+        defer { rawBoth.close() }
         try await rawBoth.join(token: String(rawBegun.dropFirst("OK rawbegin ".count)))
         let rawBroker: (Int) async throws -> Double = { size in
             let start = monotonicNanos()
@@ -191,6 +198,7 @@ enum Experiments {
         }
         let libraryUpdate = try await libraryUpdateSession(tokens[0])
         let rawUpdater = try RawDestination(address: world.address)
+        defer { rawUpdater.close() }
         try await rawUpdater.join(token: tokens[1], drop: false)
         var histograms = [latencyHistogram(), latencyHistogram(), latencyHistogram()]
         for i in 0..<3200 {
@@ -254,13 +262,7 @@ actor RawSource {
             RepresentationDescriptor(typeIdentifier: BenchTypes.small, visibility: .all, kind: .data),
             RepresentationDescriptor(typeIdentifier: BenchTypes.file, visibility: .all, kind: .file),
         ])
-        let m = try bus.newMethodCall(destination: broker, path: BrokerNames.managerPath,
-                                      interface: BrokerNames.managerInterface, member: "BeginSession")
-        try m.openContainer("a", ItemDescriptor.signature)
-        try item.encode(to: m)
-        try m.closeContainer()
-        try SessionOptions().encode(to: m)
-        try m.append(objectPath: path)
+        let m = try beginSessionCall(on: bus, broker: broker, item: item, provider: path)
         let reply = try await bus.call(m)
         _ = try reply.readObjectPath()
         return try reply.readString()

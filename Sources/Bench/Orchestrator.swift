@@ -57,6 +57,8 @@ enum Orchestrator {
         Cleanup.shared.add(directory: directory)
         try FileManager.default.createDirectory(at: state, withIntermediateDirectories: true)
         try FileManager.default.createDirectory(at: policy.appendingPathComponent("dragbroker.conf.d"), withIntermediateDirectories: true)
+        // The scale section holds 10,000 sessions on one connection: raise the session limits.
+        try Scale.policyDropIn.write(to: policy.appendingPathComponent("dragbroker.conf.d/50-bench-scale.conf"), atomically: false, encoding: .utf8)
         let path = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
 
         let bus = try Child(name: "dbus-daemon", executable: "/usr/bin/dbus-daemon",
@@ -111,6 +113,7 @@ enum Orchestrator {
         let loadAverageAtStart = loadAverage()
         let world = try startWorld()
         let echo = try EchoClient(address: world.address)
+        defer { echo.close() }
         let connection = try await BrokerConnection.connect(address: world.address)
         let drop = try await connection.presentToken(world.token)
         let items = try await drop.items()
@@ -243,6 +246,9 @@ enum Orchestrator {
         try world.source.send("quit")
         _ = world.source.waitForExit(timeout: 10)
 
+        // (e) Scale, last: 10,000 live sessions from a source process of its own.
+        let scale = try await Scale.run(world: world)
+
         // The report: informative lines, then one key=value line per ratio.
         var report: [String] = []
         report.append("dragbroker-bench: \(ProcessInfo.processInfo.activeProcessorCount) cores, load average \(loadAverageAtStart) at start, "
@@ -272,12 +278,14 @@ enum Orchestrator {
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
         report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
+        report += scale.lines
         report += experiments
         report.append("pipe_ratio_256m=\(format(ratios[BenchSizes.mib256] ?? .nan, 3))")
         report.append("pipe_ratio=\(format(ratios[BenchSizes.gib1] ?? .nan, 3))")
         report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
+        report += scale.keys
         return report
     }
 

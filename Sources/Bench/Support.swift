@@ -1,3 +1,4 @@
+import BrokerProtocol
 import BusKit
 import CSystemd
 import Foundation
@@ -47,6 +48,18 @@ extension Histogram where Count == UInt64 {
     func micros(_ percentile: Double) -> Double { Double(valueAtPercentile(percentile)) / 1000 }
 }
 
+/// `BeginSession` for one item, with default options and the provider at `provider`.
+func beginSessionCall(on bus: Bus, broker: String, item: ItemDescriptor, provider: String) throws(BusError) -> Message {
+    let m = try bus.newMethodCall(destination: broker, path: BrokerNames.managerPath,
+                                  interface: BrokerNames.managerInterface, member: "BeginSession")
+    try m.openContainer("a", ItemDescriptor.signature)
+    try item.encode(to: m)
+    try m.closeContainer()
+    try SessionOptions().encode(to: m)
+    try m.append(objectPath: provider)
+    return m
+}
+
 func format(_ value: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", value) }
 
 /// A bus echo with the machinery the client library uses: an actor whose executor is a BusKit
@@ -63,6 +76,12 @@ actor EchoClient {
         bus = try Bus.connect(address: address, loop: loop, description: "dragbroker-bench-echo")
         loop.start(name: "dragbroker-bench-echo")
         self.loop = loop
+    }
+
+    /// Stops the loop: the bus may be released only on its loop's thread or once no thread
+    /// runs the loop. Call from outside the loop, once, when done.
+    nonisolated func close() {
+        loop.stop()
     }
 
     func ping(_ destination: String) async throws(BusError) {
