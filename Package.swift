@@ -84,7 +84,7 @@ let package = Package(
         // `make bench`: broker vs plain pipe throughput, file handover, first byte, Update.
         .executableTarget(
             name: "dragbroker-bench",
-            dependencies: ["BrokerClient", "BrokerProtocol", "BusKit", "CSystemd",
+            dependencies: ["BrokerClient", "BrokerProtocol", "BusKit", "CSystemd", "TransferLog", "SystemCalls",
                            .product(name: "Histogram", package: "hdrhistogram-swift"),
                            .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Bench"

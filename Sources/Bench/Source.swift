@@ -4,6 +4,7 @@ import CSystemd
 import Foundation
 import Glibc
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// The `source` role: a separate process that begins the drag through the client library
@@ -28,7 +29,7 @@ enum SourceRole {
     }
 
     static func run(plainPipePath: String) async -> Never {
-        shim_ignore_sigpipe()
+        Kernel.ignoreSIGPIPE()
         do {
             // Everything is allocated before any timing starts: the 1 MiB chunk every write
             // sends, the small representation, and the 1 GiB sealed memfd.
@@ -50,9 +51,7 @@ enum SourceRole {
             let memfdNumber = memfd.rawValue
             provider.registerFileRepresentation(forTypeIdentifier: BenchTypes.file) {
                 // A fresh descriptor each load: the library closes what the handler returns.
-                let copy = shim_dupfd_cloexec(memfdNumber)
-                guard copy >= 0 else { throw BenchError("dup failed: \(String(cString: strerror(errno)))") }
-                return FileDescriptor(rawValue: copy)
+                try FileDescriptor(rawValue: memfdNumber).duplicateCloseOnExec()
             }
 
             let connection = try await BrokerConnection.connect()

@@ -5,6 +5,7 @@ import Foundation
 import Glibc
 import Histogram
 import Synchronization
+import SystemCalls
 
 /// The representations the source offers, one item, all visible to everyone.
 enum BenchTypes {
@@ -293,7 +294,9 @@ final class Cleanup: @unchecked Sendable {
 nonisolated(unsafe) private let signalPipe = UnsafeMutablePointer<Int32>.allocate(capacity: 2)
 
 func installTerminationHandlers() {
-    guard shim_pipe_blocking(signalPipe) == 0 else { return }
+    guard let pipe = try? FileDescriptor.makePipe(nonBlocking: false) else { return }
+    signalPipe[0] = pipe.readEnd.rawValue
+    signalPipe[1] = pipe.writeEnd.rawValue
     let handler: @convention(c) (Int32) -> Void = { signal in
         var byte = UInt8(truncatingIfNeeded: signal)
         _ = write(signalPipe[1], &byte, 1)

@@ -170,16 +170,28 @@ public final class Bus: @unchecked Sendable {
     /// Offers every method call under `prefix` to `handler` before any exported object sees it;
     /// the handler returns true when it answered the call itself.
     public func addFallback(prefix: String, handler: @escaping (MethodCall) -> Bool) throws(BusError) -> Slot {
+        try addFilter(path: prefix, fallback: true, handler: handler)
+    }
+
+    /// Offers every method call on `path` itself to `handler` before sd-bus's own handling
+    /// (vtables, Properties, ObjectManager); the handler returns true when it answered.
+    public func addObjectFilter(path: String, handler: @escaping (MethodCall) -> Bool) throws(BusError) -> Slot {
+        try addFilter(path: path, fallback: false, handler: handler)
+    }
+
+    private func addFilter(path: String, fallback: Bool, handler: @escaping (MethodCall) -> Bool) throws(BusError) -> Slot {
         let box = Unmanaged.passRetained(FallbackBox(handler))
         var slot: OpaquePointer?
-        let r = sd_bus_add_fallback(handle, &slot, prefix, { m, userdata, _ in
+        let callback: sd_bus_message_handler_t = { m, userdata, _ in
             let box = Unmanaged<FallbackBox>.fromOpaque(userdata!).takeUnretainedValue()
             let bus = box.bus!
             return box.handler(MethodCall(message: Message(borrowing: m!, loop: bus.loop), bus: bus)) ? 1 : 0
-        }, box.toOpaque())
+        }
+        let r = fallback ? sd_bus_add_fallback(handle, &slot, path, callback, box.toOpaque())
+                         : sd_bus_add_object(handle, &slot, path, callback, box.toOpaque())
         if r < 0 {
             box.release()
-            throw BusError.system(r, "sd_bus_add_fallback")
+            throw BusError.system(r, fallback ? "sd_bus_add_fallback" : "sd_bus_add_object")
         }
         box.takeUnretainedValue().bus = self
         sd_bus_slot_set_destroy_callback(slot) { userdata in

@@ -45,12 +45,17 @@ public final class Message {
 
     // MARK: Appending
 
+    // Strings go through `withCString`, which lends a native string's own NUL-terminated
+    // storage; the implicit conversion to a pointer would copy each one into a new array.
+
     public func append(_ value: String) throws(BusError) {
-        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "s")), value), "append string")
+        let handle = handle
+        try check(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "s")), $0) }, "append string")
     }
 
     public func append(objectPath value: String) throws(BusError) {
-        try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "o")), value), "append object path")
+        let handle = handle
+        try check(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "o")), $0) }, "append object path")
     }
 
     public func append(_ value: Bool) throws(BusError) {
@@ -73,7 +78,9 @@ public final class Message {
     }
 
     public func openContainer(_ type: Unicode.Scalar, _ contents: String) throws(BusError) {
-        try check(sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), contents), "open container \(type)\(contents)")
+        let handle = handle
+        try check(contents.withCString { sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), $0) },
+                  "open container \(type)\(contents)")
     }
 
     public func closeContainer() throws(BusError) {

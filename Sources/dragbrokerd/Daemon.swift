@@ -52,6 +52,7 @@ final class Daemon {
         objectManager = try bus.addObjectManager(path: BrokerNames.managerPath)
         manager = try ManagerInterface(daemon: self)
         sessionInterface = try SessionInterface(daemon: self)
+        registry.later = { [loop = bus.loop] work in loop.soon(work) }
         registry.onEvent = { [unowned self] session, event in
             sessionInterface?.publish(session, event)
             switch event {

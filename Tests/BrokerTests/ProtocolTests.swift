@@ -24,6 +24,49 @@ final class ProtocolTests: XCTestCase {
         try interfaceElement(name, in: String(contentsOf: interfacesDirectory.appendingPathComponent("\(name).xml"), encoding: .utf8))
     }
 
+    /// busctl's JSON of one call's reply.
+    static func busctl(_ address: String, _ arguments: [String]) throws -> Any {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/busctl")
+        process.arguments = ["--address=\(address)", "--json=short", "call", BrokerNames.busName] + arguments
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw HarnessError("busctl \(arguments) failed") }
+        return try JSONSerialization.jsonObject(with: data)
+    }
+
+    /// The daemon answers GetManagedObjects itself, in one pass over its registry: its answer
+    /// must be what sd-bus's own walk gave, each session's entry what Properties.GetAll says.
+    func testManagedObjectsListWhatPropertiesSayForTheSessionsTheCallerMaySee() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let (_, path) = try source.begin(EndToEndTests.helloDrag)
+        _ = try source.begin(EndToEndTests.helloDrag.replacingOccurrences(of: "]}]}", with: "]}],\"restricted\":true}"))
+        let managed = try Self.busctl(world.bus.address, [BrokerNames.managerPath, "org.freedesktop.DBus.ObjectManager", "GetManagedObjects"])
+        let all = try Self.busctl(world.bus.address, [path, "org.freedesktop.DBus.Properties", "GetAll", "s", BrokerNames.sessionInterface])
+        let objects = try XCTUnwrap(((managed as? [String: Any])?["data"] as? [Any])?.first as? [String: Any])
+        XCTAssertEqual(objects.keys.sorted(), [path], "a restricted session is no object for another app")
+        let interfaces = try XCTUnwrap(objects[path] as? [String: Any])
+        XCTAssertEqual(interfaces.keys.sorted(), ["org.dragbroker.Broker1.Session", "org.freedesktop.DBus.Introspectable",
+                                                 "org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Properties"])
+        for standard in ["org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Properties"] {
+            XCTAssertEqual((interfaces[standard] as? [String: Any])?.count, 0)
+        }
+        let listed = try XCTUnwrap(interfaces[BrokerNames.sessionInterface] as? NSDictionary)
+        let properties = try XCTUnwrap(((all as? [String: Any])?["data"] as? [Any])?.first as? NSDictionary)
+        XCTAssertEqual(listed, properties)
+        XCTAssertEqual(properties["Id"] as? NSDictionary, ["type": "s", "data": "s1"])
+        XCTAssertEqual(properties["SourceApp"] as? NSDictionary, ["type": "s", "data": source.executable.path])
+        XCTAssertEqual(properties["State"] as? NSDictionary, ["type": "s", "data": "active"])
+        XCTAssertEqual(properties["ItemCount"] as? NSDictionary, ["type": "u", "data": 1])
+        XCTAssertEqual(properties["Operation"] as? NSDictionary, ["type": "s", "data": "cancel"])
+        XCTAssertEqual(properties["Progress"] as? NSDictionary, ["type": "(tt)", "data": [0, 0]])
+        XCTAssertEqual(properties.count, 6)
+    }
+
     func testPublishedXMLEqualsWhatTheDaemonAndTheClientServe() throws {
         let world = try World()
         let source = try world.peer("source-app")

@@ -328,12 +328,42 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertThrowsError(try registry.present(token: a.token.hex.uppercased(), by: Self.stranger))
         XCTAssertEqual(Set(registry.sessions(of: Self.stranger.uniqueName).map(\.id)), ["s41"])
         registry.peerVanished(Self.source.uniqueName)
-        XCTAssertEqual(ended, ["s41", "s42"])
+        XCTAssertEqual(Set(ended), ["s41", "s42"])
+        XCTAssertEqual(ended.count, 2)
         XCTAssertEqual(registry.count, 1)
         XCTAssertTrue(registry.sessions(of: Self.stranger.uniqueName).isEmpty)
         XCTAssertTrue(registry.session(id: "s43") === c)
         XCTAssertThrowsError(try registry.present(token: a.token.hex, by: Self.stranger), "a token dies with its session")
         _ = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+    }
+
+    func testASourceLeavingWithManySessionsLeavesTheRegistryAtOnceAndEndsThemInSlices() throws {
+        var policy = Policy()
+        policy.limits.sessionsPerConnection = 1000
+        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), firstSessionNumber: 1)
+        var pending: [() -> Void] = []
+        registry.later = { pending.append($0) }
+        var ended: [String: String] = [:]
+        registry.onEvent = { session, event in if case .ended(let outcome, _) = event { ended[session.id] = outcome } }
+        let sessions = try (0..<600).map { _ in
+            try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        }
+        let kept = try registry.begin(source: Self.teammate, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        _ = try registry.present(token: sessions[7].token.hex, by: Self.stranger)
+        _ = try registry.present(token: kept.token.hex, by: Self.source)
+
+        registry.peerVanished(Self.source.uniqueName)
+        XCTAssertEqual(registry.count, 1, "no session of the departed source is reachable any more")
+        XCTAssertNil(registry.session(id: sessions[599].id))
+        XCTAssertThrowsError(try registry.present(token: sessions[0].token.hex, by: Self.stranger))
+        XCTAssertFalse(kept.isParty(Self.source.uniqueName), "a session it only joined forgets it")
+        XCTAssertEqual(ended.count, Registry.teardownSlice)
+        XCTAssertEqual(pending.count, 1)
+        while !pending.isEmpty { pending.removeFirst()() }
+        XCTAssertEqual(ended.count, 600)
+        XCTAssertEqual(Set(ended.values), ["source-disconnected"])
+        XCTAssertEqual(sessions[7].departed, Self.source.uniqueName, "nobody is left to tell at the source")
+        XCTAssertTrue(registry.sessions(of: Self.stranger.uniqueName).isEmpty)
     }
 
     func testTokensRoundTripThroughTheirHexForm() throws {

@@ -86,13 +86,36 @@ final class Registry {
 
     // MARK: Ending
 
-    /// A peer's connection went away: every session it took part in hears of it.
+    /// A peer's connection went away. Every session that depended on it leaves the registry at
+    /// once, so no call can reach it and the count is right; telling the other parties and
+    /// auditing each end then runs in slices through `later`, so a source leaving with
+    /// thousands of sessions never holds up everyone else's calls.
     func peerVanished(_ uniqueName: String) {
         identities.forget(uniqueName)
         guard let ids = byParty.removeValue(forKey: uniqueName) else { return }
-        for id in ids.sorted(by: Self.numericOrder) {
-            sessions[id]?.partyVanished(uniqueName)
+        var ending: [Session] = []
+        for id in ids {
+            guard let session = sessions[id] else { continue }
+            if session.dependsOn(uniqueName) {
+                forget(session)
+                ending.append(session)
+            } else {
+                session.partyVanished(uniqueName)
+            }
         }
+        endInSlices(ending[...], departed: uniqueName)
+    }
+
+    /// Sessions ended per turn of the event loop while a departed peer's sessions end.
+    static let teardownSlice = 256
+    /// Runs work after the current event; the daemon passes its loop's `soon`.
+    var later: (@escaping () -> Void) -> Void = { $0() }
+
+    private func endInSlices(_ sessions: ArraySlice<Session>, departed: String) {
+        guard !sessions.isEmpty else { return }
+        for session in sessions.prefix(Self.teardownSlice) { session.partyVanished(departed) }
+        let rest = sessions.dropFirst(Self.teardownSlice)
+        if !rest.isEmpty { later { [unowned self] in endInSlices(rest, departed: departed) } }
     }
 
     /// Ends every session, e.g. on shutdown.

@@ -89,6 +89,8 @@ final class Session {
     /// Bytes of loads already finished, for the session's aggregate progress.
     private(set) var finishedBytes: UInt64 = 0
     private(set) var isOver = false
+    /// The party whose departure ended the session: nobody is left there to tell.
+    private(set) var departed: String?
     private let report: (Session, SessionEvent) -> Void
 
     init(id: String, token: SessionToken, source: AppIdentity, providerPath: String, items: [ItemDescriptor],
@@ -380,8 +382,14 @@ final class Session {
         retire(outcome: outcome, error: error)
     }
 
+    /// Whether the session ends when `uniqueName` goes away: it is the source or the drop destination.
+    func dependsOn(_ uniqueName: String) -> Bool {
+        uniqueName == source.uniqueName || uniqueName == dropDestination
+    }
+
     /// A party's connection went away: end what depends on it, forget it otherwise.
     func partyVanished(_ uniqueName: String) {
+        if dependsOn(uniqueName) { departed = uniqueName }
         if uniqueName == source.uniqueName {
             end(outcome: "source-disconnected", error: BrokerError(.disconnected, "The source app \(source.appID) disconnected"))
         } else if uniqueName == dropDestination {
