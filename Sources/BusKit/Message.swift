@@ -212,3 +212,68 @@ extension Message {
         return result
     }
 }
+
+/// Appends to one message through its raw pointer, with one loop check for the whole body
+/// and no reference counting per call: for replies of thousands of elements, where the typed
+/// `Message` API's per-call overhead outweighs sd-bus's own work. The first failure stops
+/// every later append and is thrown when the body returns.
+public struct MessageWriter: ~Copyable {
+    private let handle: OpaquePointer
+    private var failure: (result: Int32, what: String)?
+
+    fileprivate init(_ handle: OpaquePointer) { self.handle = handle }
+
+    private var failed: Bool { failure != nil }
+
+    private mutating func record(_ result: Int32, _ what: @autoclosure () -> String) {
+        if result < 0 { failure = (result, what()) }
+    }
+
+    public mutating func open(_ type: Unicode.Scalar, _ contents: StaticString) {
+        guard !failed else { return }
+        let contentsPointer = UnsafeRawPointer(contents.utf8Start).assumingMemoryBound(to: CChar.self)
+        record(sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), contentsPointer), "open container \(type)\(contents)")
+    }
+
+    public mutating func close() {
+        guard !failed else { return }
+        record(sd_bus_message_close_container(handle), "close container")
+    }
+
+    public mutating func append(_ value: String) {
+        guard !failed else { return }
+        let handle = handle
+        record(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "s")), $0) }, "append string")
+    }
+
+    public mutating func append(objectPath value: String) {
+        guard !failed else { return }
+        let handle = handle
+        record(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "o")), $0) }, "append object path")
+    }
+
+    public mutating func append(_ value: UInt32) {
+        guard !failed else { return }
+        var v = value
+        record(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "u")), &v), "append u")
+    }
+
+    public mutating func append(_ value: UInt64) {
+        guard !failed else { return }
+        var v = value
+        record(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "t")), &v), "append t")
+    }
+
+    fileprivate consuming func finish() throws(BusError) {
+        if let failure { throw BusError.system(failure.result, failure.what) }
+    }
+}
+
+extension Message {
+    /// Runs `body` with a `MessageWriter` on this message (see there).
+    public func write(_ body: (inout MessageWriter) -> Void) throws(BusError) {
+        var writer = MessageWriter(handle)
+        body(&writer)
+        try writer.finish()
+    }
+}

@@ -102,24 +102,50 @@ final class SessionInterface {
                 method("Conclude") { try $0.conclude($1, $2) },
                 method("Cancel") { try $0.cancel($1, $2) },
             ]),
-            properties: Dictionary(uniqueKeysWithValues: Self.properties.map { property($0.name, $0.append) }))
+            properties: Dictionary(uniqueKeysWithValues: Property.allCases.map { entry in
+                property(entry.name) { session, m throws(BusError) in try m.write { entry.append(session, to: &$0) } }
+            }))
     }
 
     /// The session's properties: their getters and GetManagedObjects both append from here.
-    private static let properties: [(name: String, signature: String, append: @Sendable (Session, Message) throws(BusError) -> Void)] = [
-        ("Id", "s", { session, m throws(BusError) in try m.append(session.id) }),
-        ("SourceApp", "s", { session, m throws(BusError) in try m.append(session.source.appID) }),
-        ("State", "s", { session, m throws(BusError) in try m.append(session.state.rawValue) }),
-        ("ItemCount", "u", { session, m throws(BusError) in try m.append(UInt32(session.items.count)) }),
-        ("Operation", "s", { session, m throws(BusError) in try m.append(session.operation.rawValue) }),
-        ("Progress", "(tt)", { session, m throws(BusError) in
-            let (done, expected) = session.progress
-            try m.openContainer("r", "tt")
-            try m.append(done)
-            try m.append(expected)
-            try m.closeContainer()
-        }),
-    ]
+    private enum Property: CaseIterable {
+        case id, sourceApp, state, itemCount, operation, progress
+
+        var name: String {
+            switch self {
+            case .id: "Id"
+            case .sourceApp: "SourceApp"
+            case .state: "State"
+            case .itemCount: "ItemCount"
+            case .operation: "Operation"
+            case .progress: "Progress"
+            }
+        }
+
+        var signature: StaticString {
+            switch self {
+            case .id, .sourceApp, .state, .operation: "s"
+            case .itemCount: "u"
+            case .progress: "(tt)"
+            }
+        }
+
+        func append(_ session: Session, to w: inout MessageWriter) {
+            switch self {
+            case .id: w.append(session.id)
+            case .sourceApp: w.append(session.source.appID)
+            case .state: w.append(session.state.rawValue)
+            case .itemCount: w.append(UInt32(session.items.count))
+            case .operation: w.append(session.operation.rawValue)
+            case .progress:
+                let (done, expected) = session.progress
+                w.open("r", "tt")
+                w.append(done)
+                w.append(expected)
+                w.close()
+            }
+        }
+    }
 
     private func session(of call: MethodCall) throws(BrokerError) -> Session {
         guard let path = call.message.path, let session = registry.session(atPath: path) else {
@@ -157,36 +183,39 @@ final class SessionInterface {
         }
         do {
             try reply(call) { r throws(BusError) in
-                try r.openContainer("a", "{oa{sa{sv}}}")
-                for session in registry.sessions.values where visible(session) {
-                    try r.openContainer("e", "oa{sa{sv}}")
-                    try r.append(objectPath: session.path)
-                    try r.openContainer("a", "{sa{sv}}")
-                    // sd-bus lists the standard interfaces of every object, each without properties.
-                    for standard in ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties"] {
-                        try r.openContainer("e", "sa{sv}")
-                        try r.append(standard)
-                        try r.openContainer("a", "{sv}")
-                        try r.closeContainer()
-                        try r.closeContainer()
+                let properties = Property.allCases
+                try r.write { w in
+                    w.open("a", "{oa{sa{sv}}}")
+                    for session in registry.sessions.values where visible(session) {
+                        w.open("e", "oa{sa{sv}}")
+                        w.append(objectPath: session.path)
+                        w.open("a", "{sa{sv}}")
+                        // sd-bus lists the standard interfaces of every object, each without properties.
+                        for standard in ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties"] {
+                            w.open("e", "sa{sv}")
+                            w.append(standard)
+                            w.open("a", "{sv}")
+                            w.close()
+                            w.close()
+                        }
+                        w.open("e", "sa{sv}")
+                        w.append(BrokerNames.sessionInterface)
+                        w.open("a", "{sv}")
+                        for property in properties {
+                            w.open("e", "sv")
+                            w.append(property.name)
+                            w.open("v", property.signature)
+                            property.append(session, to: &w)
+                            w.close()
+                            w.close()
+                        }
+                        w.close()
+                        w.close()
+                        w.close()
+                        w.close()
                     }
-                    try r.openContainer("e", "sa{sv}")
-                    try r.append(BrokerNames.sessionInterface)
-                    try r.openContainer("a", "{sv}")
-                    for property in Self.properties {
-                        try r.openContainer("e", "sv")
-                        try r.append(property.name)
-                        try r.openContainer("v", property.signature)
-                        try property.append(session, r)
-                        try r.closeContainer()
-                        try r.closeContainer()
-                    }
-                    try r.closeContainer()
-                    try r.closeContainer()
-                    try r.closeContainer()
-                    try r.closeContainer()
+                    w.close()
                 }
-                try r.closeContainer()
             }
         } catch {
             daemon.dispatcher.fail(call, error, action: "GetManagedObjects", session: nil, subject: nil)
