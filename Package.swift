@@ -48,7 +48,7 @@ let package = Package(
         .target(
             name: "BrokerClient",
             dependencies: [
-                "BusKit", "CSystemd", "BrokerProtocol", "UniformTypes", "SystemCalls",
+                "BusKit", "BrokerProtocol", "UniformTypes", "SystemCalls",
             ]
         ),
         .executableTarget(
@@ -84,7 +84,7 @@ let package = Package(
         // `make bench`: broker vs plain pipe throughput, file handover, first byte, Update.
         .executableTarget(
             name: "dragbroker-bench",
-            dependencies: ["BrokerClient", "BrokerProtocol", "BusKit", "CSystemd", "TransferLog", "SystemCalls",
+            dependencies: ["BrokerClient", "BrokerProtocol", "BusKit", "TransferLog", "SystemCalls",
                            .product(name: "Histogram", package: "hdrhistogram-swift"),
                            .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Bench"

@@ -1,7 +1,6 @@
 import BrokerClient
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Foundation
 import Glibc
 import Histogram

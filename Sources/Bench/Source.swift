@@ -1,6 +1,5 @@
 import BrokerClient
 import BrokerProtocol
-import CSystemd
 import Foundation
 import Glibc
 import Synchronization

@@ -1,6 +1,5 @@
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Foundation
 import Glibc
 import Histogram

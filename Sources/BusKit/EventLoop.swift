@@ -207,18 +207,23 @@ private final class DeferredBox {
     init(_ body: @escaping () -> Void) { self.body = body }
 }
 
-/// An fd watched by the loop; the callback gets the epoll events. Disabled and freed on deinit.
+/// An fd watched by the loop until it is readable or writable. Disabled and freed on deinit.
 public final class IOWatch: @unchecked Sendable {
+    public enum Readiness: Sendable {
+        case readable, writable
+    }
+
     private let loop: EventLoop
     private var source: OpaquePointer?
-    private let callback: (UInt32) -> Void
+    private let callback: () -> Void
 
-    public init(loop: EventLoop, fd: Int32, events: UInt32, callback: @escaping (UInt32) -> Void) throws(BusError) {
+    public init(loop: EventLoop, fd: Int32, when readiness: Readiness, callback: @escaping () -> Void) throws(BusError) {
         loop.preconditionCurrentOrIdle("IOWatch created")
         self.loop = loop
         self.callback = callback
-        let r = sd_event_add_io(loop.handle, &source, fd, events, { _, _, revents, userdata in
-            Unmanaged<IOWatch>.fromOpaque(userdata!).takeUnretainedValue().callback(revents)
+        let events = readiness == .readable ? shim_epollin() : shim_epollout()
+        let r = sd_event_add_io(loop.handle, &source, fd, events, { _, _, _, userdata in
+            Unmanaged<IOWatch>.fromOpaque(userdata!).takeUnretainedValue().callback()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         try check(r, "sd_event_add_io")

@@ -10,7 +10,6 @@
 import BrokerPolicy
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Foundation
 import Logging
 import TransferLog
@@ -96,7 +95,7 @@ final class Daemon {
             countChangePending = false
             manager?.sessionCountChanged()
             let count = registry.count
-            _ = shim_notify("STATUS=\(count) live session\(count == 1 ? "" : "s")")
+            ServiceManager.notify("STATUS=\(count) live session\(count == 1 ? "" : "s")")
             armIdleTimer()
         }
     }
@@ -155,7 +154,7 @@ final class Daemon {
 
     /// Ends every session with a reason and flushes the transfer log.
     func shutdown() {
-        _ = shim_notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
+        ServiceManager.notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
         registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
         bus.flush()
         audit.transferLog.flush()

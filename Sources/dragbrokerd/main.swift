@@ -1,7 +1,6 @@
 import BrokerPolicy
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Foundation
 import Logging
 import Synchronization
@@ -139,7 +138,7 @@ func runDaemon() -> Int32 {
         try bus.requestName(BrokerNames.busName)
         logger.info("Serving \(BrokerNames.busName) as \(bus.uniqueName); transfer log at \(path)")
         // Ready only now that the name is ours: activation waits for exactly this.
-        _ = shim_notify("READY=1\nSTATUS=Serving \(BrokerNames.busName), no live session")
+        ServiceManager.notify("READY=1\nSTATUS=Serving \(BrokerNames.busName), no live session")
         loop.enableWatchdog()
         daemon.armIdleTimer()
         try loop.run()

@@ -1,6 +1,5 @@
 import BrokerProtocol
 import BusKit
-import CSystemd
 import Glibc
 import SystemCalls
 
@@ -72,8 +71,8 @@ final class PipeProxy {
         try? input.setPipeCapacity(Self.pipeSize)
         try? output.setPipeCapacity(Self.pipeSize)
         do {
-            inputWatch = try IOWatch(loop: loop, fd: input.rawValue, events: shim_epollin()) { [unowned self] _ in pump() }
-            outputWatch = try IOWatch(loop: loop, fd: output.rawValue, events: shim_epollout()) { [unowned self] _ in
+            inputWatch = try IOWatch(loop: loop, fd: input.rawValue, when: .readable) { [unowned self] in pump() }
+            outputWatch = try IOWatch(loop: loop, fd: output.rawValue, when: .writable) { [unowned self] in
                 outputWatch?.setEnabled(false)
                 inputWatch?.setEnabled(true)
                 pump()
