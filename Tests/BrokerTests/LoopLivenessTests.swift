@@ -39,3 +39,54 @@ final class LoopLivenessTests: XCTestCase {
         XCTAssertEqual(peer.run("cancel"), "OK")
     }
 }
+
+/// The daemon's own failures are its own: answered as `Failed`, logged, never recorded as the
+/// caller's refusal nor answered as its `InvalidArgument`.
+final class InternalFailureTests: XCTestCase {
+    /// Runs prlimit(1) on the daemon's descriptor limit; returns what it prints.
+    @discardableResult
+    static func prlimit(_ pid: pid_t, _ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/prlimit")
+        process.arguments = ["--pid", "\(pid)"] + arguments
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw HarnessError("prlimit \(arguments) failed") }
+        return text.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    static func lowestFreeDescriptor(of pid: pid_t) throws -> Int {
+        let open = Set(try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").compactMap(Int.init))
+        return (0...).first { !open.contains($0) }!
+    }
+
+    func testAPipeTheDaemonCannotCreateIsItsFailureNotTheCallersRefusal() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(EndToEndTests.helloDrag)
+        _ = destination.run("present \(token)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        let pid = world.daemon.process.processIdentifier
+        let soft = try Self.prlimit(pid, ["--nofile", "--raw", "--noheadings", "--output=SOFT"])
+        // The next descriptor the daemon creates fails with EMFILE.
+        try Self.prlimit(pid, ["--nofile=\(try Self.lowestFreeDescriptor(of: pid)):"])
+        let answer = destination.run("load 0 text/plain")
+        try Self.prlimit(pid, ["--nofile=\(soft):"])
+        XCTAssertEqual(answer, err(.failed, "dragbrokerd failed to serve Load: Failed to create a pipe: Too many open files"))
+        XCTAssertNotNil(world.daemon.stderr.take { $0.contains("Failed to serve Load for \(destination.uniqueName): Failed to create a pipe") })
+
+        // The next load works, and the only refusal on record is one the caller earned.
+        XCTAssertEqual(destination.run("load 0 text/html"), "OK 18 \(Data("<p>hello, drop</p>".utf8).base64EncodedString())")
+        XCTAssertEqual(destination.run("load 0 image/png"), err(.notFound, "Item 0 has no representation of type 'image/png'"))
+        let refusals = try world.daemon.waitForLog { log -> [String]? in
+            let names = try log.refusals(limit: 10).map(\.errorName)
+            return names.isEmpty ? nil : names
+        }
+        XCTAssertEqual(refusals, [BrokerErrorCode.notFound.busName])
+    }
+}
