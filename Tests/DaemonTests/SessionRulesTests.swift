@@ -364,6 +364,17 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(Set(ended.values), ["source-disconnected"])
         XCTAssertEqual(sessions[7].departed, Self.source.uniqueName, "nobody is left to tell at the source")
         XCTAssertTrue(registry.sessions(of: Self.stranger.uniqueName).isEmpty)
+
+        // Shutting down finishes a teardown still under way: no end goes unrecorded.
+        for _ in 0..<300 { _ = try registry.begin(source: Self.sameApp, items: Self.items, options: SessionOptions(), providerPath: "/p") }
+        registry.peerVanished(Self.sameApp.uniqueName)
+        XCTAssertEqual(ended.count, 600 + Registry.teardownSlice)
+        registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
+        XCTAssertEqual(ended.count, 901)
+        XCTAssertEqual(ended[kept.id], "cancelled")
+        XCTAssertEqual(registry.count, 0)
+        while !pending.isEmpty { pending.removeFirst()() }
+        XCTAssertEqual(ended.count, 901, "a continuation left over from before the shutdown finds nothing to do")
     }
 
     func testTokensRoundTripThroughTheirHexForm() throws {

@@ -103,23 +103,32 @@ final class Registry {
                 session.partyVanished(uniqueName)
             }
         }
-        endInSlices(ending[...], departed: uniqueName)
+        guard !ending.isEmpty else { return }
+        teardown.append((ending[...], uniqueName))
+        if teardown.count == 1 { continueTeardown() }
     }
 
     /// Sessions ended per turn of the event loop while a departed peer's sessions end.
     static let teardownSlice = 256
     /// Runs work after the current event; the daemon passes its loop's `soon`.
     var later: (@escaping () -> Void) -> Void = { $0() }
+    /// Sessions out of the registry whose end is still to be told and audited.
+    private var teardown: [(sessions: ArraySlice<Session>, departed: String)] = []
 
-    private func endInSlices(_ sessions: ArraySlice<Session>, departed: String) {
-        guard !sessions.isEmpty else { return }
+    private func continueTeardown() {
+        guard let (sessions, departed) = teardown.first else { return }
         for session in sessions.prefix(Self.teardownSlice) { session.partyVanished(departed) }
         let rest = sessions.dropFirst(Self.teardownSlice)
-        if !rest.isEmpty { later { [unowned self] in endInSlices(rest, departed: departed) } }
+        if rest.isEmpty { teardown.removeFirst() } else { teardown[0].sessions = rest }
+        if !teardown.isEmpty { later { [weak self] in self?.continueTeardown() } }
     }
 
-    /// Ends every session, e.g. on shutdown.
+    /// Ends every session, e.g. on shutdown, including those still waiting to be torn down.
     func endAll(_ error: BrokerError) {
+        for (sessions, departed) in teardown {
+            for session in sessions { session.partyVanished(departed) }
+        }
+        teardown = []
         for session in sessions.values.sorted(by: { Self.numericOrder($0.id, $1.id) }) {
             session.end(outcome: "cancelled", error: error)
         }
