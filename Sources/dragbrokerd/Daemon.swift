@@ -80,7 +80,7 @@ final class Daemon {
     /// What a load is judged by right now.
     var loadRules: LoadRules {
         let policy = registry.policy
-        return LoadRules(policy: policy, limits: Limits(policy.limits), types: registry.types,
+        return LoadRules(flow: registry.flow, limits: Limits(policy.limits),
                          auditRefuses: policy.audit.failClosed && audit.isFailing)
     }
 

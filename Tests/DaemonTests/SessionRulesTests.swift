@@ -32,6 +32,10 @@ final class SessionRulesTests: XCTestCase {
         ]),
     ]
 
+    static let types = MimeDatabase(subclasses: [:], aliases: [:])
+    /// No flow rule: what each party may see is its visibility alone.
+    static let noRules = FlowView(policy: Policy(), types: types)
+
     final class Recorder {
         var events: [String] = []
     }
@@ -52,6 +56,7 @@ final class SessionRulesTests: XCTestCase {
         case .proposed(let who, let proposal, let allowed, let entering):
             "\(entering ? "enter" : "update") \(who.uniqueName) \(proposal.rawValue)->\(allowed.rawValue)"
         case .exited(let who): "exit \(who.uniqueName)"
+        case .flowDenied(let who, let types, let rule): "flowDenied \(who.uniqueName) \(types) \(rule.origin)"
         case .dropped(let who, let operation): "dropped \(who.uniqueName) \(operation.rawValue)"
         case .concluded: "concluded"
         case .loadStarted(let load): "loadStarted \(load.id)"
@@ -64,7 +69,7 @@ final class SessionRulesTests: XCTestCase {
     }
 
     func rules(policy: Policy = Policy(), limits: Limits = Limits(), auditRefuses: Bool = false) -> LoadRules {
-        LoadRules(policy: policy, limits: limits, types: MimeDatabase(subclasses: [:], aliases: [:]), auditRefuses: auditRefuses)
+        LoadRules(flow: FlowView(policy: policy, types: Self.types), limits: limits, auditRefuses: auditRefuses)
     }
 
     /// Asserts the exact refusal.
@@ -83,8 +88,8 @@ final class SessionRulesTests: XCTestCase {
 
     /// Enters and drops for `destination`.
     func drop(_ session: Session, by destination: AppIdentity, proposing: DropOperation = .copy) throws {
-        try session.admit(destination, limit: 64)
-        _ = try session.propose(proposing, by: destination, entering: true)
+        try session.admit(destination, limit: 64, flow: Self.noRules)
+        _ = try session.propose(proposing, by: destination, entering: true, flow: Self.noRules)
         _ = try session.performDrop(by: destination)
     }
 
@@ -92,12 +97,12 @@ final class SessionRulesTests: XCTestCase {
 
     func testEachPartySeesExactlyTheRepresentationsItsVisibilityAllows() {
         let (session, _) = makeSession()
-        func types(_ who: AppIdentity) -> [[String]] { session.visibleItems(for: who).map(\.item.typeIdentifiers) }
+        func types(_ who: AppIdentity) -> [[String]] { session.visibleItems(for: who, flow: Self.noRules).map(\.item.typeIdentifiers) }
         XCTAssertEqual(types(Self.source), [["text/x-app", "text/x-team", "text/plain"], ["image/png"]])
         XCTAssertEqual(types(Self.sameApp), [["text/x-app", "text/x-team", "text/plain"], ["image/png"]])
         XCTAssertEqual(types(Self.teammate), [["text/x-team", "text/plain"]], "the app-only item is absent, not empty")
         XCTAssertEqual(types(Self.stranger), [["text/plain"]])
-        XCTAssertEqual(session.visibleItems(for: Self.stranger).map(\.index), [0])
+        XCTAssertEqual(session.visibleItems(for: Self.stranger, flow: Self.noRules).map(\.index), [0])
     }
 
     func testARestrictedSessionExistsOnlyForItsOwnApp() {
@@ -116,43 +121,43 @@ final class SessionRulesTests: XCTestCase {
 
     func testMoveIsAllowedOnlyWithinTheSourceAppAndOnlyWhenItAllowsMove() throws {
         let (moving, _) = makeSession(allowsMove: true)
-        try moving.admit(Self.sameApp, limit: 64)
-        try moving.admit(Self.teammate, limit: 64)
-        XCTAssertEqual(try moving.propose(.move, by: Self.sameApp, entering: true), .move)
-        XCTAssertEqual(try moving.propose(.move, by: Self.teammate, entering: true), .copy, "across apps a move is a copy")
-        XCTAssertEqual(try moving.propose(.forbidden, by: Self.teammate, entering: false), .forbidden)
+        try moving.admit(Self.sameApp, limit: 64, flow: Self.noRules)
+        try moving.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        XCTAssertEqual(try moving.propose(.move, by: Self.sameApp, entering: true, flow: Self.noRules), .move)
+        XCTAssertEqual(try moving.propose(.move, by: Self.teammate, entering: true, flow: Self.noRules), .copy, "across apps a move is a copy")
+        XCTAssertEqual(try moving.propose(.forbidden, by: Self.teammate, entering: false, flow: Self.noRules), .forbidden)
         let (copying, _) = makeSession(allowsMove: false)
-        try copying.admit(Self.sameApp, limit: 64)
-        XCTAssertEqual(try copying.propose(.move, by: Self.sameApp, entering: true), .copy)
+        try copying.admit(Self.sameApp, limit: 64, flow: Self.noRules)
+        XCTAssertEqual(try copying.propose(.move, by: Self.sameApp, entering: true, flow: Self.noRules), .copy)
     }
 
     func testProposalsNeedTheTokenAndEnterBeforeUpdate() throws {
         let (session, events) = makeSession()
-        assertRefused(try session.propose(.copy, by: Self.teammate, entering: true), .accessDenied,
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: true, flow: Self.noRules), .accessDenied,
                       "Present the session token with PresentToken before proposing a drop")
-        try session.admit(Self.teammate, limit: 64)
-        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false), .wrongState,
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false, flow: Self.noRules), .wrongState,
                       "Call Enter before Update: the drag is not over this destination")
-        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: true), .copy)
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: true, flow: Self.noRules), .copy)
         try session.exit(by: Self.teammate)
-        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false), .wrongState,
+        assertRefused(try session.propose(.copy, by: Self.teammate, entering: false, flow: Self.noRules), .wrongState,
                       "Call Enter before Update: the drag is not over this destination")
         XCTAssertEqual(events.events, ["enter :1.3 copy->copy", "exit :1.3"])
     }
 
     func testADropNeedsACurrentCopyOrMoveAndHappensOnce() throws {
         let (session, events) = makeSession()
-        try session.admit(Self.teammate, limit: 64)
-        try session.admit(Self.stranger, limit: 64)
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        try session.admit(Self.stranger, limit: 64, flow: Self.noRules)
         assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Call Enter with a proposal before PerformDrop")
-        _ = try session.propose(.forbidden, by: Self.teammate, entering: true)
+        _ = try session.propose(.forbidden, by: Self.teammate, entering: true, flow: Self.noRules)
         assertRefused(try session.performDrop(by: Self.teammate), .wrongState,
                       "The current proposal allows 'forbidden': a drop needs copy or move")
-        _ = try session.propose(.copy, by: Self.teammate, entering: false)
+        _ = try session.propose(.copy, by: Self.teammate, entering: false, flow: Self.noRules)
         XCTAssertEqual(try session.performDrop(by: Self.teammate), .copy)
         XCTAssertEqual(session.state, .dropped)
         assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Session s7 is dropped: it has already been dropped")
-        assertRefused(try session.propose(.copy, by: Self.stranger, entering: true), .wrongState, "Session s7 is dropped: proposals are over")
+        assertRefused(try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules), .wrongState, "Session s7 is dropped: proposals are over")
         XCTAssertEqual(events.events.last, "dropped :1.3 copy")
     }
 
@@ -174,14 +179,14 @@ final class SessionRulesTests: XCTestCase {
     func testOnlyTheSourceAppAddsItemsAndOnlyWhileDragging() throws {
         let (session, events) = makeSession()
         let more = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all)])]
-        assertRefused(try session.addItems(more, by: Self.teammate, limit: 256), .accessDenied,
+        assertRefused(try session.addItems(more, by: Self.teammate, limit: 256, flow: Self.noRules), .accessDenied,
                       "Only org.example.Editor may add items to session s7: cross-app flocking is not allowed")
-        try session.addItems(more, by: Self.sameApp, limit: 256)
+        try session.addItems(more, by: Self.sameApp, limit: 256, flow: Self.noRules)
         XCTAssertEqual(session.items.count, 3)
-        assertRefused(try session.addItems(more, by: Self.source, limit: 3), .limitExceeded,
+        assertRefused(try session.addItems(more, by: Self.source, limit: 3, flow: Self.noRules), .limitExceeded,
                       "A session holds at most 3 items; session s7 has 3")
         try drop(session, by: Self.teammate)
-        assertRefused(try session.addItems(more, by: Self.source, limit: 256), .wrongState,
+        assertRefused(try session.addItems(more, by: Self.source, limit: 256, flow: Self.noRules), .wrongState,
                       "Session s7 is dropped: items can be added only while dragging")
         XCTAssertEqual(events.events.first, "itemsAdded")
     }
@@ -200,8 +205,8 @@ final class SessionRulesTests: XCTestCase {
 
     func testAPartyLeavingEndsWhatDependsOnItAndNothingElse() throws {
         let (session, events) = makeSession()
-        try session.admit(Self.stranger, limit: 64)
-        _ = try session.propose(.copy, by: Self.stranger, entering: true)
+        try session.admit(Self.stranger, limit: 64, flow: Self.noRules)
+        _ = try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules)
         session.partyVanished(Self.stranger.uniqueName)
         XCTAssertNil(session.current)
         XCTAssertFalse(session.isParty(Self.stranger.uniqueName))
@@ -219,11 +224,11 @@ final class SessionRulesTests: XCTestCase {
 
     func testLoadsOnlyAfterTheDropByTheDropDestinationOfWhatItSees() throws {
         let (session, _) = makeSession()
-        try session.admit(Self.teammate, limit: 64)
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()), .wrongState,
                       "Loads are allowed only after PerformDrop")
         try drop(session, by: Self.teammate)
-        try session.admit(Self.sameApp, limit: 64)
+        try session.admit(Self.sameApp, limit: 64, flow: Self.noRules)
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.sameApp, rules: rules()), .accessDenied,
                       "Only the destination that performed the drop may load from session s7")
         assertRefused(try session.authorizeLoad(item: 1, type: "image/png", by: Self.teammate, rules: rules()), .notFound,
@@ -251,22 +256,41 @@ final class SessionRulesTests: XCTestCase {
         }
     }
 
-    func testPolicyLimitsAndFailClosedRefuseALoadBeforeAnyByteMoves() throws {
+    func testWhatFlowPolicyDeniesIsAbsentAndADropOfNothingIsForbidden() throws {
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 12)
+        let deny = Policy(flows: [FlowRule(from: .team("org.example"), to: .any, typePatterns: ["text/*"], action: .deny, origin: origin)])
+        let flow = FlowView(policy: deny, types: MimeDatabase.system)
+        let (session, events) = makeSession()
+        try session.admit(Self.stranger, limit: 64, flow: flow)
+        XCTAssertEqual(events.events, ["flowDenied :1.4 [\"text/plain\"] \(origin)"], "only what it could otherwise see")
+        XCTAssertTrue(session.visibleItems(for: Self.stranger, flow: flow).isEmpty)
+        XCTAssertEqual(try session.propose(.copy, by: Self.stranger, entering: true, flow: flow), .forbidden)
+        XCTAssertEqual(try session.propose(.cancel, by: Self.stranger, entering: false, flow: flow), .cancel)
+        assertRefused(try session.performDrop(by: Self.stranger), .wrongState, "The current proposal allows 'cancel': a drop needs copy or move")
+
+        // text/* is denied to every destination, so the teammate sees nothing either, until
+        // the source flocks an image.
+        try session.admit(Self.teammate, limit: 64, flow: flow)
+        XCTAssertEqual(session.visibleItems(for: Self.teammate, flow: flow).map(\.item.typeIdentifiers), [])
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: true, flow: flow), .forbidden)
+        let more = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "image/png", visibility: .all)])]
+        try session.addItems(more, by: Self.source, limit: 256, flow: flow)
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: false, flow: flow), .copy, "an image may go")
+        XCTAssertEqual(events.events.filter { $0.hasPrefix("flowDenied") }.count, 2, "once per destination and session")
+        _ = try session.performDrop(by: Self.teammate)
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules(policy: deny)), .notFound,
+                      "Item 0 has no representation of type 'text/plain'")
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "image/png", by: Self.teammate, rules: rules(policy: deny)).item, 2,
+                       "the teammate's item 0 is the session's item 2")
+    }
+
+    func testSizeRulesLimitsAndFailClosedActWhenALoadStarts() throws {
         let (session, _) = makeSession()
         try drop(session, by: Self.stranger)
         let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 12)
-        let deny = Policy(flows: [FlowRule(from: .team("org.example"), to: .any, typePatterns: ["text/*"], action: .deny, origin: origin)])
-        do {
-            _ = try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(policy: deny))
-            XCTFail("the flow rule denies text from the team")
-        } catch {
-            XCTAssertEqual(error.code, .accessDenied)
-            XCTAssertEqual(error.message, "The administrator's policy forbids text/plain from org.example.Editor to com.other.Reader (rule at \(origin))")
-            XCTAssertEqual(error.rule, "\(origin)")
-        }
         let capped = Policy(flows: [FlowRule(from: .any, to: .any, largerThan: 5, action: .deny, origin: origin)])
         XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(policy: capped)).sizeRule?.limit, 5,
-                       "a size rule caps the stream instead of refusing it")
+                       "a size rule caps the stream instead of hiding the type")
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(auditRefuses: true)), .failed,
                       "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
         var limits = Limits()

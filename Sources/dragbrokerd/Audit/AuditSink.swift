@@ -1,6 +1,7 @@
 // Audit/ — where what happened is written down: one sink turns each session event and each
 // refusal into its SQLite row (TransferLog), its journal entry, its monitor event and its log
 // line. A new audited fact starts in `AuditSink`.
+import BrokerPolicy
 import BrokerProtocol
 import Foundation
 import Logging
@@ -38,6 +39,12 @@ final class AuditSink {
             monitors.emit(session, entering ? "enter" : "update", "\(caller.appID) proposes \(proposal.rawValue), allowed \(allowed.rawValue)")
         case .exited(let caller):
             monitors.emit(session, "exit", caller.appID)
+        case .flowDenied(let destination, let types, let rule):
+            var error = BrokerError.accessDenied(
+                "The administrator's policy hides \(types.joined(separator: ", ")) from \(session.source.appID) to \(destination.appID) (rule at \(rule.origin))")
+            error.rule = "\(rule.origin)"
+            refused(error, sender: destination.uniqueName, identity: destination, action: "PresentToken", session: session,
+                    subject: types.joined(separator: ", "))
         case .dropped(let destination, let operation):
             logger.info("Session \(session.id) dropped on \(destination.appID) with \(operation.rawValue)")
             monitors.emit(session, "drop", "\(destination.appID), \(operation.rawValue)")

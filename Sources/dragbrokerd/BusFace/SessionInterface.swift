@@ -227,7 +227,7 @@ final class SessionInterface {
     private func getItems(_ call: MethodCall, _ session: Session) throws {
         let caller = try daemon.identity(of: call)
         try session.requireParticipant(caller)
-        let items = session.visibleItems(for: caller)
+        let items = session.visibleItems(for: caller, flow: registry.flow)
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", VisibleItem.signature)
             for (_, item) in items { try item.encode(to: r) }
@@ -247,7 +247,7 @@ final class SessionInterface {
         let caller = try daemon.identity(of: call)
         try session.requireParticipant(caller)
         let types = registry.types
-        let matching = session.visibleItems(for: caller).enumerated().compactMap { viewIndex, entry -> UInt32? in
+        let matching = session.visibleItems(for: caller, flow: registry.flow).enumerated().compactMap { viewIndex, entry -> UInt32? in
             entry.item.typeIdentifiers.contains { type in
                 (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
             } ? UInt32(viewIndex) : nil
@@ -263,7 +263,7 @@ final class SessionInterface {
         let limits = registry.limits
         let items = try Items.normalize(try readItems(call.message, limit: limits.itemsPerSession), limits: limits)
         let caller = try daemon.identity(of: call)
-        try session.addItems(items, by: caller, limit: limits.itemsPerSession)
+        try session.addItems(items, by: caller, limit: limits.itemsPerSession, flow: registry.flow)
         try reply(call)
     }
 
@@ -273,7 +273,7 @@ final class SessionInterface {
             throw BrokerError.invalidArgument("Unknown proposal '\(name)': expected cancel, forbidden, copy or move")
         }
         let caller = try daemon.identity(of: call)
-        let allowed = try session.propose(proposal, by: caller, entering: entering)
+        let allowed = try session.propose(proposal, by: caller, entering: entering, flow: registry.flow)
         try reply(call) { r throws(BusError) in try r.append(allowed.rawValue) }
     }
 
@@ -381,7 +381,7 @@ final class SessionInterface {
         case .ended(_, let error):
             if session.state != .concluded { emitEnded(session, error: error) }
             if announces(session) { try? bus.emitObjectRemoved(path: session.path) }
-        case .proposed, .exited, .loadStarted:
+        case .proposed, .exited, .flowDenied, .loadStarted:
             break
         }
     }

@@ -31,6 +31,8 @@ final class Registry {
 
     var policy: Policy { identities.policy }
     var limits: Limits { Limits(policy.limits) }
+    /// The flow rules in force.
+    var flow: FlowView { FlowView(policy: policy, types: types) }
     var count: Int { sessions.count }
 
     func session(id: String) -> Session? { sessions[id] }
@@ -78,7 +80,7 @@ final class Registry {
               session.isVisible(to: caller) else {
             throw .notFound("No live session has this token")
         }
-        if try session.admit(caller, limit: limits.destinationsPerSession) {
+        if try session.admit(caller, limit: limits.destinationsPerSession, flow: flow) {
             byParty[caller.uniqueName, default: []].insert(session.id)
         }
         return session

@@ -15,6 +15,8 @@ enum SessionEvent {
     case itemsAdded
     case proposed(by: AppIdentity, proposal: DropOperation, allowed: DropOperation, entering: Bool)
     case exited(AppIdentity)
+    /// The policy hides representations from a destination: told once per destination.
+    case flowDenied(to: AppIdentity, types: [String], rule: FlowRule)
     case dropped(on: AppIdentity, operation: DropOperation)
     /// The drop destination concluded: every party hears the session ended well.
     case concluded
@@ -44,9 +46,8 @@ struct LoadRequest {
 
 /// The rules a load is judged by, from the registry's policy and the audit's state.
 struct LoadRules {
-    var policy: Policy
+    var flow: FlowView
     var limits: Limits
-    var types: MimeDatabase
     /// FailClosed=yes and the transfer log is failing: no transfer may start.
     var auditRefuses: Bool
 }
@@ -136,11 +137,14 @@ final class Session {
         }
     }
 
-    /// The items as `identity` may see them. A representation it may not see does not exist
-    /// for it, and neither does an item with none left; `index` is the item's real index.
-    func visibleItems(for identity: AppIdentity) -> [(index: Int, item: VisibleItem)] {
+    /// The items as `identity` may see them. A representation it may not see, or that the
+    /// administrator's flow rules forbid it, does not exist for it, and neither does an item
+    /// with none left; `index` is the item's real index.
+    func visibleItems(for identity: AppIdentity, flow: FlowView) -> [(index: Int, item: VisibleItem)] {
         items.enumerated().compactMap { index, item in
-            let types = item.representations.filter { isVisible($0, to: identity) }.map(\.typeIdentifier)
+            let types = item.representations
+                .filter { isVisible($0, to: identity) && flow.denial(of: $0.typeIdentifier, from: source, to: identity) == nil }
+                .map(\.typeIdentifier)
             if types.isEmpty { return nil }
             return (index, VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
                                        preferredHeight: item.preferredHeight, typeIdentifiers: types))
@@ -153,6 +157,25 @@ final class Session {
         case .app: identity.isSameApp(as: source)
         case .team: identity.isSameTeam(as: source)
         }
+    }
+
+    /// Destinations already told, in the audit, that the policy hides representations from them.
+    private var flowDenialsReported: Set<String> = []
+
+    /// Reports once per destination what the policy hides from it that it could otherwise see.
+    private func reportFlowDenials(to destination: AppIdentity, flow: FlowView) {
+        guard !flowDenialsReported.contains(destination.uniqueName) else { return }
+        var denied: [String] = []
+        var firstRule: FlowRule?
+        for representation in items.flatMap(\.representations) where isVisible(representation, to: destination) {
+            if let rule = flow.denial(of: representation.typeIdentifier, from: source, to: destination) {
+                if !denied.contains(representation.typeIdentifier) { denied.append(representation.typeIdentifier) }
+                firstRule = firstRule ?? rule
+            }
+        }
+        guard let firstRule else { return }
+        flowDenialsReported.insert(destination.uniqueName)
+        report(self, .flowDenied(to: destination, types: denied, rule: firstRule))
     }
 
     /// The operation the broker will allow for `proposal` by `destination`: a move is
@@ -168,7 +191,7 @@ final class Session {
     // MARK: Source
 
     /// Flocking: more items on a live drag, from the source's own app only.
-    func addItems(_ newItems: [ItemDescriptor], by caller: AppIdentity, limit: Int) throws(BrokerError) {
+    func addItems(_ newItems: [ItemDescriptor], by caller: AppIdentity, limit: Int, flow: FlowView) throws(BrokerError) {
         guard caller.isSameApp(as: source) else {
             throw .accessDenied("Only \(source.appID) may add items to session \(id): cross-app flocking is not allowed")
         }
@@ -180,6 +203,7 @@ final class Session {
         }
         items += newItems
         report(self, .itemsAdded)
+        for destination in destinations.values.map(\.identity) { reportFlowDenials(to: destination, flow: flow) }
     }
 
     func cancel(by caller: AppIdentity) throws(BrokerError) {
@@ -193,16 +217,19 @@ final class Session {
 
     /// A destination presented the token. Returns whether it joined only now.
     @discardableResult
-    func admit(_ caller: AppIdentity, limit: Int) throws(BrokerError) -> Bool {
+    func admit(_ caller: AppIdentity, limit: Int, flow: FlowView) throws(BrokerError) -> Bool {
         guard destinations[caller.uniqueName] == nil else { return false }
         guard destinations.count < limit else {
             throw .limitExceeded("Session \(id) already has \(destinations.count) destinations")
         }
         destinations[caller.uniqueName] = Destination(identity: caller)
+        reportFlowDenials(to: caller, flow: flow)
         return true
     }
 
-    func propose(_ proposal: DropOperation, by caller: AppIdentity, entering: Bool) throws(BrokerError) -> DropOperation {
+    /// What the drag offers `caller` decides its answer: with nothing it may drop, a copy or a
+    /// move is answered `forbidden`, as iOS's drop proposal shows before the drop.
+    func propose(_ proposal: DropOperation, by caller: AppIdentity, entering: Bool, flow: FlowView) throws(BrokerError) -> DropOperation {
         guard var destination = destinations[caller.uniqueName] else {
             throw .accessDenied("Present the session token with PresentToken before proposing a drop")
         }
@@ -213,7 +240,9 @@ final class Session {
             throw .wrongState("Call Enter before Update: the drag is not over this destination")
         }
         destination.proposal = proposal
-        destination.allowed = allowedOperation(for: proposal, by: caller)
+        let droppable = !visibleItems(for: caller, flow: flow).isEmpty
+        destination.allowed = droppable || proposal == .cancel || proposal == .forbidden
+            ? allowedOperation(for: proposal, by: caller) : .forbidden
         destinations[caller.uniqueName] = destination
         current = caller.uniqueName
         report(self, .proposed(by: caller, proposal: proposal, allowed: destination.allowed, entering: entering))
@@ -279,7 +308,7 @@ final class Session {
         guard caller.uniqueName == dropDestination else {
             throw .accessDenied("Only the destination that performed the drop may load from session \(id)")
         }
-        let visible = visibleItems(for: caller)
+        let visible = visibleItems(for: caller, flow: rules.flow)
         guard Int(item) < visible.count else {
             throw .notFound("No item \(item): session \(id) has \(visible.count) item(s)")
         }
@@ -294,17 +323,6 @@ final class Session {
               let representation = items[realItem].representations.first(where: { $0.typeIdentifier == canonical }) else {
             throw .notFound("Item \(item) has no representation of type '\(canonical)'")
         }
-        let conforms: (String, String) -> Bool = { [types = rules.types] type, pattern in
-            (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
-        }
-        let from = Policy.FlowParty(source), to = Policy.FlowParty(caller)
-        let decision = rules.policy.decide(from: from, to: to, type: canonical, size: nil, conforms: conforms)
-        if decision.action == .deny {
-            var error = BrokerError.accessDenied(
-                "The administrator's policy forbids \(canonical) from \(source.appID) to \(caller.appID) (rule at \(decision.rule.map { "\($0.origin)" } ?? "?"))")
-            error.rule = decision.rule.map { "\($0.origin)" }
-            throw error
-        }
         guard loads.count < rules.limits.concurrentLoadsPerSession else {
             throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
         }
@@ -313,8 +331,7 @@ final class Session {
         if rules.auditRefuses {
             throw BrokerError(.failed, "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
         }
-        let sizeRule = representation.kind == .data
-            ? rules.policy.byteLimit(from: from, to: to, type: canonical, conforms: conforms) : nil
+        let sizeRule = representation.kind == .data ? rules.flow.byteLimit(of: canonical, from: source, to: caller) : nil
         defer { nextLoadID += 1 }
         return LoadRequest(id: nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
                            destination: caller, sizeRule: sizeRule)
@@ -410,12 +427,5 @@ final class Session {
         guard !isOver else { return }
         isOver = true
         report(self, .ended(outcome: outcome, error: error))
-    }
-}
-
-extension Policy.FlowParty {
-    /// The policy's view of a party to a flow.
-    init(_ identity: AppIdentity) {
-        self.init(appID: identity.appID, team: identity.team, managed: identity.managed)
     }
 }

@@ -1,0 +1,34 @@
+import BrokerPolicy
+import UniformTypes
+
+/// The administrator's flow rules, asked about one representation going to one destination.
+struct FlowView {
+    let policy: Policy
+    let types: MimeDatabase
+
+    /// Whether `type` conforms to `pattern` (a MIME type, a wildcard or a UTI).
+    func conforms(_ type: String, _ pattern: String) -> Bool {
+        (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
+    }
+
+    /// The rule that forbids `type` from `source` to `destination` whatever its size, if one
+    /// does: such a representation does not exist for that destination. Rules with
+    /// `LargerThan=` act only while streaming, since sizes are not known before.
+    func denial(of type: String, from source: AppIdentity, to destination: AppIdentity) -> FlowRule? {
+        let decision = policy.decide(from: Policy.FlowParty(source), to: Policy.FlowParty(destination), type: type, size: nil,
+                                     conforms: conforms)
+        return decision.action == .deny ? decision.rule : nil
+    }
+
+    /// The size past which a stream of this flow is stopped, and the rule that says so.
+    func byteLimit(of type: String, from source: AppIdentity, to destination: AppIdentity) -> (limit: UInt64, rule: FlowRule)? {
+        policy.byteLimit(from: Policy.FlowParty(source), to: Policy.FlowParty(destination), type: type, conforms: conforms)
+    }
+}
+
+extension Policy.FlowParty {
+    /// The policy's view of a party to a flow.
+    init(_ identity: AppIdentity) {
+        self.init(appID: identity.appID, team: identity.team, managed: identity.managed)
+    }
+}
