@@ -7,6 +7,9 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
     case unsupportedSchema(path: String)
     /// A log opened for reading was asked to write.
     case readOnly
+    /// The log's directory or one of its files could not be created or made private
+    /// (`call` failed with `errno`).
+    case notPrivate(path: String, call: String, errno: Int32)
 
     public var description: String {
         switch self {
@@ -16,6 +19,8 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
             "\(path) is not a transfer log this version of dragbroker can read"
         case .readOnly:
             "the transfer log was opened read-only"
+        case .notPrivate(let path, let call, let errno):
+            "cannot keep \(path) private: \(call) failed: \(String(cString: strerror(errno)))"
         }
     }
 }
@@ -45,13 +50,8 @@ public final class TransferLog: Sendable {
         queueCapacity: Int = TransferLog.defaultQueueCapacity,
         onWriteError: (@Sendable (any Error) -> Void)? = nil
     ) throws {
-        let directory = (path as NSString).deletingLastPathComponent
-        if !directory.isEmpty {
-            // Session history reveals which apps the user works with: keep it private.
-            try FileManager.default.createDirectory(
-                atPath: directory, withIntermediateDirectories: true,
-                attributes: [.posixPermissions: 0o700])
-        }
+        // Session history reveals which apps the user works with: keep it private.
+        try Self.createPrivately(path: path)
         var config = Configuration()
         // Only the writer queue ever waits here, never the bus loop, so waiting
         // out a concurrent checkpoint beats dropping a batch.
@@ -59,6 +59,44 @@ public final class TransferLog: Sendable {
         let pool = try DatabasePool(path: path, configuration: config)
         try Schema.migrator.migrate(pool)
         self.init(pool: pool, writer: BatchWriter(pool: pool, capacity: queueCapacity, onError: onWriteError))
+    }
+
+    /// Makes the log's missing directories 0700 and its files 0600, whatever the process umask.
+    ///
+    /// Why no umask: SQLite's unix VFS creates the database file with 0644 less the umask, but
+    /// its -wal, -shm and -journal files with the database file's own mode, and fchmods each
+    /// new one to exactly that mode whatever the umask (`findCreateFileMode`, `robust_open`,
+    /// `unixOpenSharedMemory`). So creating the database file 0600 before SQLite first opens it
+    /// covers every file SQLite creates later too, such as the -wal it recreates when the log is
+    /// reopened after its last connection closed, in any process that opens the log, without
+    /// changing a process-wide setting that every other file the process creates would inherit.
+    /// Files an older version left readable by others are tightened here. Directories that
+    /// already exist are left alone: `--state-directory` may name one that is not only ours.
+    /// Mode 0700/0600 at mkdir/open time leaves no moment when a permissive umask lets others in;
+    /// the chmod after it only restores owner bits a strange umask (say 0o200) took away.
+    static func createPrivately(path: String) throws {
+        func check(_ result: Int32, _ call: String, _ target: String, allowing allowed: Int32? = nil) throws {
+            guard result != 0 else { return }
+            let error = errno
+            if error == allowed { return }
+            throw TransferLogError.notPrivate(path: target, call: call, errno: error)
+        }
+        var missing: [String] = []
+        var directory = (path as NSString).deletingLastPathComponent
+        while !directory.isEmpty, directory != "/", !FileManager.default.fileExists(atPath: directory) {
+            missing.append(directory)
+            directory = (directory as NSString).deletingLastPathComponent
+        }
+        for directory in missing.reversed() {
+            try check(mkdir(directory, 0o700), "mkdir", directory, allowing: EEXIST)
+            try check(chmod(directory, 0o700), "chmod", directory)
+        }
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        if descriptor >= 0 { close(descriptor) } else { try check(-1, "open", path, allowing: EEXIST) }
+        try check(chmod(path, 0o600), "chmod", path)
+        for suffix in ["-wal", "-shm", "-journal"] {
+            try check(chmod(path + suffix, 0o600), "chmod", path + suffix, allowing: ENOENT)
+        }
     }
 
     /// Opens an existing log for reading only, as `dragctl log` does while the
@@ -184,6 +222,41 @@ public final class TransferLog: Sendable {
     public func refusals(limit: Int = 100) throws -> [RefusalRecord] {
         try pool.read { db in
             try RefusalRecord.order(Column("at").desc, Column("id").desc).limit(limit).fetchAll(db)
+        }
+    }
+
+    /// Which refusals `dragctl refusals` shows; nil fields match everything. `app` is the
+    /// refused caller's, `type` the subject it asked for, `action` the bus method refused
+    /// (e.g. `Load`) and `errorName` the full D-Bus error name it was answered with.
+    public struct RefusalFilter: Sendable {
+        public var since: Date?
+        public var until: Date?
+        public var app: String?
+        public var type: String?
+        public var action: String?
+        public var errorName: String?
+        public init(since: Date? = nil, until: Date? = nil, app: String? = nil, type: String? = nil, action: String? = nil,
+                    errorName: String? = nil) {
+            self.since = since
+            self.until = until
+            self.app = app
+            self.type = type
+            self.action = action
+            self.errorName = errorName
+        }
+    }
+
+    /// Newest first, filtered.
+    public func refusals(limit: Int, filter: RefusalFilter) throws -> [RefusalRecord] {
+        try pool.read { db in
+            var request = RefusalRecord.all()
+            if let since = filter.since { request = request.filter(Column("at") >= MicrosecondTimestamp.microseconds(since)) }
+            if let until = filter.until { request = request.filter(Column("at") <= MicrosecondTimestamp.microseconds(until)) }
+            if let app = filter.app { request = request.filter(Column("app") == app) }
+            if let type = filter.type { request = request.filter(Column("subject") == type) }
+            if let action = filter.action { request = request.filter(Column("action") == action) }
+            if let errorName = filter.errorName { request = request.filter(Column("errorName") == errorName) }
+            return try request.order(Column("at").desc, Column("id").desc).limit(limit).fetchAll(db)
         }
     }
 

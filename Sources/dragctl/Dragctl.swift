@@ -8,6 +8,6 @@ struct Dragctl: AsyncParsableCommand {
         commandName: "dragctl",
         abstract: "Inspect dragbroker's live drag sessions and its transfer log.",
         version: "0.1.0",
-        subcommands: [ListSessions.self, ShowSession.self, Monitor.self, CancelSession.self, CancelLoad.self, Log.self, Stats.self,
+        subcommands: [ListSessions.self, ShowSession.self, Monitor.self, CancelSession.self, CancelLoad.self, Log.self, Refusals.self, Stats.self,
                       WhoAmI.self, PolicyCommand.self])
 }

@@ -1,5 +1,7 @@
-// Subcommands that read the transfer log file directly, so they work even when dragbrokerd is not running: log and stats.
+// Subcommands that read the transfer log file directly, so they work even when dragbrokerd is not running: log, refusals
+// and stats.
 import ArgumentParser
+import BrokerProtocol
 import TransferLog
 
 struct LogOptions: ParsableArguments {
@@ -45,9 +47,7 @@ struct Log: AsyncParsableCommand {
     }
 
     func validate() throws {
-        if let since, parseTime(since) == nil { throw ValidationError("--since: '\(since)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
-        if let until, parseTime(until) == nil { throw ValidationError("--until: '\(until)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
-        guard limit > 0 else { throw ValidationError("--limit must be positive") }
+        try validateWindow(since: since, until: until, limit: limit)
     }
 
     func run() async throws {
@@ -72,6 +72,64 @@ struct Log: AsyncParsableCommand {
             ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
             legend: "\(plural(report.loads.count, "load")) listed."))
+    }
+}
+
+/// The checks `log` and `refusals` share: times `parseTime` reads, and a positive limit.
+func validateWindow(since: String?, until: String?, limit: Int) throws {
+    if let since, parseTime(since) == nil { throw ValidationError("--since: '\(since)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+    if let until, parseTime(until) == nil { throw ValidationError("--until: '\(until)' is not a time such as \"2026-11-21 09:00\" or \"-2h\"") }
+    guard limit > 0 else { throw ValidationError("--limit must be positive") }
+}
+
+struct Refusals: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show the requests dragbrokerd refused (by policy, or out of turn), newest first: who asked, for what, and why.")
+
+    @OptionGroup var location: LogOptions
+
+    @Option(help: "Show at most this many refusals.")
+    var limit: Int = 50
+
+    @Option(help: "Only refusals at or after this time (\"2026-11-21 09:00\", \"-2h\").")
+    var since: String?
+
+    @Option(help: "Only refusals at or before this time.")
+    var until: String?
+
+    @Option(help: "Only refusals of this app ID (the caller refused).")
+    var app: String?
+
+    @Option(help: "Only refused loads of this type.")
+    var type: String?
+
+    @Option(help: "Only refusals of this bus method, e.g. Load or BeginSession.")
+    var action: String?
+
+    @Option(help: "Only refusals answered with this error: a name such as WrongState, or the full org.dragbroker.Broker1.Error.WrongState.")
+    var error: String?
+
+    @OptionGroup var output: OutputOptions
+
+    func validate() throws {
+        try validateWindow(since: since, until: until, limit: limit)
+    }
+
+    func run() async throws {
+        let filter = TransferLog.RefusalFilter(
+            since: since.flatMap(parseTime), until: until.flatMap(parseTime), app: app, type: type, action: action,
+            errorName: error.map { $0.contains(".") ? $0 : BrokerNames.errorPrefix + $0 })
+        let refusals: [RefusalRecord]
+        do {
+            refusals = try location.open().refusals(limit: limit, filter: filter)
+        } catch {
+            throw fail("Failed to read the transfer log: \(error)")
+        }
+        if output.mode != .off { return try output.printJSON(refusals) }
+        output.printTable(
+            ["TIME", "APP", "ACTION", "SESSION", "TYPE", "ERROR", "MESSAGE"],
+            refusals.map { [timestamp($0.at), $0.app, $0.action, $0.sessionID ?? "-", $0.subject ?? "-", $0.errorName, $0.message] },
+            legend: "\(plural(refusals.count, "refusal")) listed.")
     }
 }
 

@@ -1,5 +1,6 @@
 import BrokerProtocol
 import Foundation
+import TransferLog
 import XCTest
 
 /// dragctl against a live daemon: its tables, its JSON, its exit codes.
@@ -115,6 +116,107 @@ final class DragctlTests: XCTestCase {
         let statsJSON = try dragctl(world, ["stats", "--json=short"] + state)
         XCTAssertTrue(statsJSON.out.joined().contains(#""byType":[{"bytes":1000,"key":"image\/png","loads":1},{"bytes":4,"key":"text\/plain","loads":2}]"#),
                       statsJSON.out.joined())
+    }
+
+    /// Requests the daemon refused, as `dragctl refusals` shows them: a load before the drop
+    /// (WrongState) and a load of a type the item does not have, in a table and as JSON.
+    func testRefusalsListsWhatTheDaemonRefused() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(#"{"items":[{"reps":[{"type":"text/plain","text":"hi"}]}]}"#)
+        _ = destination.run("present \(token)")
+        XCTAssertEqual(destination.run("load 0 text/plain"), err(.wrongState, "Loads are allowed only after PerformDrop"))
+        _ = destination.run("enter copy")
+        _ = destination.run("drop")
+        let missing = destination.run("load 0 image/png")
+        let notFound = "ERR \(BrokerErrorCode.notFound.busName) "
+        XCTAssertTrue(missing.hasPrefix(notFound), missing)
+        let missingMessage = String(missing.dropFirst(notFound.count))
+        let records = try world.daemon.waitForLog { log -> [RefusalRecord]? in
+            let refusals = try log.refusals()
+            return refusals.count == 2 ? refusals : nil
+        }
+        let state = ["--state-directory", world.daemon.stateDirectory.path]
+        let app = destination.executable.path
+        let wrongState = BrokerErrorCode.wrongState.busName, notFoundName = BrokerErrorCode.notFound.busName
+
+        // Times are local (TZ=UTC here) with how long ago, the one part that depends on when the
+        // test runs: it is read back from each row, checked, and the rest compared byte for byte.
+        let table = try dragctl(world, ["refusals"] + state)
+        XCTAssertEqual(table.status, 0)
+        XCTAssertEqual(table.err, [])
+        let formatter = DateFormatter()
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyy-MM-dd HH:mm:ss"
+        let times = try records.enumerated().map { index, record in
+            let time = formatter.string(from: record.at)
+            let row = try XCTUnwrap(table.out.dropFirst(index + 1).first, table.out.joined(separator: "\n"))
+            XCTAssertTrue(row.hasPrefix(time + " ("), row)
+            let ago = row.dropFirst(time.count + 2).prefix { $0 != ")" }
+            XCTAssertTrue(ago == "just now" || ago.wholeMatch(of: /[0-9]+s ago/) != nil, String(ago))
+            return "\(time) (\(ago))"
+        }
+        func pad(_ cell: String, _ width: Int) -> String { cell + String(repeating: " ", count: width - cell.count) }
+        let timeWidth = times.map(\.count).max()! + 1
+        XCTAssertEqual(table.out, [
+            pad("TIME", timeWidth) + pad("APP", app.count + 1) + "ACTION SESSION TYPE       " + pad("ERROR", wrongState.count + 1) + "MESSAGE",
+            pad(times[0], timeWidth) + pad(app, app.count + 1) + "Load   s1      image/png  " + pad(notFoundName, wrongState.count + 1) + missingMessage,
+            pad(times[1], timeWidth) + pad(app, app.count + 1) + "Load   s1      text/plain " + wrongState + " Loads are allowed only after PerformDrop",
+            "",
+            "2 refusals listed.",
+        ])
+        XCTAssertEqual(try dragctl(world, ["refusals", "--no-legend", "--no-pager", "--error", "WrongState"] + state).out, [
+            pad(times[1], timeWidth) + pad(app, app.count + 1) + "Load   s1      text/plain " + wrongState + " Loads are allowed only after PerformDrop",
+        ])
+
+        // JSON: every field of the record, dates as ISO 8601, keys sorted; absent fields (the rule) left out.
+        let at = records.map { ISO8601DateFormatter().string(from: $0.at) }
+        let escapedApp = app.replacingOccurrences(of: "/", with: #"\/"#)
+        let pid = destination.reportedPID, uid = getuid()
+        func short(_ id: Int, _ at: String, _ type: String, _ error: String, _ message: String) -> String {
+            let message = message.replacingOccurrences(of: "/", with: #"\/"#)
+            return #"{"action":"Load","app":"\#(escapedApp)","at":"\#(at)","errorName":"\#(error)","id":\#(id),"message":"\#(message)","#
+                + #""pid":\#(pid),"sessionID":"s1","subject":"\#(type)","uid":\#(uid)}"#
+        }
+        let json = try dragctl(world, ["refusals", "--json=short"] + state)
+        XCTAssertEqual(json.out, ["[" + short(2, at[0], #"image\/png"#, notFoundName, missingMessage) + ","
+                                  + short(1, at[1], #"text\/plain"#, wrongState, "Loads are allowed only after PerformDrop") + "]"])
+        let pretty = try dragctl(world, ["refusals", "-j", "--type", "text/plain", "--action", "Load", "--app", app, "--since=-1h",
+                                         "--error", wrongState] + state)
+        XCTAssertEqual(pretty.out, [
+            "[",
+            "  {",
+            #"    "action" : "Load","#,
+            #"    "app" : "\#(escapedApp)","#,
+            #"    "at" : "\#(at[1])","#,
+            #"    "errorName" : "\#(wrongState)","#,
+            #"    "id" : 1,"#,
+            #"    "message" : "Loads are allowed only after PerformDrop","#,
+            #"    "pid" : \#(pid),"#,
+            #"    "sessionID" : "s1","#,
+            #"    "subject" : "text\/plain","#,
+            #"    "uid" : \#(uid)"#,
+            "  }",
+            "]",
+        ])
+        XCTAssertEqual(try dragctl(world, ["refusals", "--limit", "1", "--json=short"] + state).out,
+                       ["[" + short(2, at[0], #"image\/png"#, notFoundName, missingMessage) + "]"])
+
+        // Filters that match nothing, and the errors log's own options give.
+        for filter in [["--type", "text/html"], ["--action", "BeginSession"], ["--app", source.executable.path],
+                       ["--error", "AccessDenied"], ["--until", "2000-01-01"]] {
+            XCTAssertEqual(try dragctl(world, ["refusals"] + filter + state).out, ["0 refusals listed."], "\(filter)")
+        }
+        XCTAssertEqual(try dragctl(world, ["refusals", "--json=short", "--since=-1h", "--action", "BeginSession"] + state).out, ["[]"])
+        let badTime = try dragctl(world, ["refusals", "--since", "yesterday-ish"] + state)
+        XCTAssertEqual(badTime.status, 64)
+        XCTAssertTrue(badTime.err.joined().contains("--since: 'yesterday-ish' is not a time"), badTime.err.joined())
+        XCTAssertEqual(try dragctl(world, ["refusals", "--limit", "0"] + state).status, 64)
+        let noLog = try dragctl(world, ["refusals", "--state-directory", world.directory.appendingPathComponent("nowhere").path])
+        XCTAssertEqual(noLog.status, 1)
+        XCTAssertEqual(noLog.err, ["dragctl: Failed to read the transfer log: no transfer log at "
+                                   + world.directory.appendingPathComponent("nowhere/transfers.sqlite").path + " (has dragbrokerd run yet?)"])
     }
 }
 

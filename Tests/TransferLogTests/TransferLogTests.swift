@@ -138,6 +138,38 @@ final class TransferLogTests: XCTestCase {
         XCTAssertEqual(try TransferLog.openReadOnly(path: logPath).refusals(), [expected])
     }
 
+    func testRefusalFilterMatchesEachFieldAndKeepsNewestFirst() throws {
+        let log = try TransferLog(path: logPath)
+        func refusal(_ seconds: Double, app: String, action: String, subject: String?, error: String) -> RefusalRecord {
+            RefusalRecord(at: t0.addingTimeInterval(seconds), app: app, uid: 1000, pid: 42, action: action, sessionID: subject == nil ? nil : "s1",
+                          subject: subject, errorName: "org.dragbroker.Broker1.Error.\(error)", message: "no", rule: nil)
+        }
+        log.submit(.refusal(refusal(0, app: "org.example.Mail", action: "Load", subject: "text/plain", error: "WrongState")))
+        log.submit(.refusal(refusal(10, app: "org.example.Mail", action: "Load", subject: "image/png", error: "AccessDenied")))
+        log.submit(.refusal(refusal(20, app: "org.example.Files", action: "BeginSession", subject: nil, error: "LimitExceeded")))
+        log.submit(.refusal(refusal(20, app: "org.example.Files", action: "Load", subject: "text/plain", error: "AccessDenied")))
+        log.flush()
+        XCTAssertNil(log.lastWriteError)
+        let reader = try TransferLog.openReadOnly(path: logPath)
+        func ids(_ filter: TransferLog.RefusalFilter, limit: Int = 10) throws -> [Int64?] {
+            try reader.refusals(limit: limit, filter: filter).map(\.id)
+        }
+        XCTAssertEqual(try ids(.init()), [4, 3, 2, 1], "newest first; equal times by insertion, newest first")
+        XCTAssertEqual(try ids(.init(), limit: 2), [4, 3])
+        XCTAssertEqual(try ids(.init(since: t0.addingTimeInterval(10))), [4, 3, 2], "since is inclusive")
+        XCTAssertEqual(try ids(.init(until: t0.addingTimeInterval(10))), [2, 1], "until is inclusive")
+        XCTAssertEqual(try ids(.init(since: t0.addingTimeInterval(5), until: t0.addingTimeInterval(15))), [2])
+        XCTAssertEqual(try ids(.init(app: "org.example.Mail")), [2, 1])
+        XCTAssertEqual(try ids(.init(type: "text/plain")), [4, 1])
+        XCTAssertEqual(try ids(.init(action: "BeginSession")), [3])
+        XCTAssertEqual(try ids(.init(errorName: "org.dragbroker.Broker1.Error.AccessDenied")), [4, 2])
+        XCTAssertEqual(try ids(.init(errorName: "AccessDenied")), [], "the full name, as recorded")
+        XCTAssertEqual(try ids(.init(app: "org.example.Files", type: "text/plain", action: "Load",
+                                     errorName: "org.dragbroker.Broker1.Error.AccessDenied")), [4], "filters combine")
+        XCTAssertEqual(try ids(.init(app: "org.example.Nobody")), [])
+        XCTAssertEqual(try reader.refusals(limit: 1, filter: .init(action: "BeginSession")).first?.subject, nil)
+    }
+
     func testThousandSubmitsYieldThousandRowsNewestFirst() throws {
         let log = try TransferLog(path: logPath)
         for i in 0..<1000 {
@@ -230,6 +262,42 @@ final class TransferLogTests: XCTestCase {
             let attributes = try FileManager.default.attributesOfItem(atPath: dir.path)
             XCTAssertEqual((attributes[.posixPermissions] as? NSNumber)?.intValue, 0o700, dir.path)
         }
+    }
+
+    /// The log is the user's alone whatever the umask: the directories it creates 0700, the
+    /// database and the -wal and -shm files SQLite creates beside it 0600, also when SQLite
+    /// recreates them for a reopened log, and files an older version left open are tightened.
+    func testFilesArePrivateUnderAPermissiveUmask() throws {
+        let nested = directory.appendingPathComponent("state/dragbroker")
+        let path = nested.appendingPathComponent("transfers.sqlite").path
+        func mode(_ path: String) throws -> Int {
+            try XCTUnwrap((FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? NSNumber)?.intValue, path)
+        }
+        func entries() throws -> [String] { try FileManager.default.contentsOfDirectory(atPath: nested.path).sorted() }
+        let previous = umask(0)
+        defer { umask(previous) }
+
+        do {
+            let log = try TransferLog(path: path)
+            XCTAssertTrue(log.submit(.session(session("s1"))))
+            log.flush()
+            XCTAssertNil(log.lastWriteError)
+            XCTAssertEqual(try entries(), ["transfers.sqlite", "transfers.sqlite-shm", "transfers.sqlite-wal"])
+            for file in try entries() { XCTAssertEqual(try mode(nested.appendingPathComponent(file).path), 0o600, file) }
+            for dir in [directory.appendingPathComponent("state"), nested] { XCTAssertEqual(try mode(dir.path), 0o700, dir.path) }
+        }
+        // The last connection closed: SQLite checkpointed and deleted the -wal and -shm files.
+        XCTAssertEqual(try entries(), ["transfers.sqlite"])
+
+        // Reopened, it recreates them, still private; and a database file left readable is tightened.
+        XCTAssertEqual(chmod(path, 0o644), 0)
+        let log = try TransferLog(path: path)
+        XCTAssertTrue(log.submit(.session(session("s2"))))
+        log.flush()
+        XCTAssertNil(log.lastWriteError)
+        XCTAssertEqual(try entries(), ["transfers.sqlite", "transfers.sqlite-shm", "transfers.sqlite-wal"])
+        for file in try entries() { XCTAssertEqual(try mode(nested.appendingPathComponent(file).path), 0o600, file) }
+        XCTAssertEqual(try log.sessions().map(\.sessionID), ["s2", "s1"])
     }
 
     func testDefaultPathPrecedence() {
