@@ -346,6 +346,26 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(source.run("cancel"), "OK")
     }
 
+    /// A caller that never presented the token learns nothing of the session's state from a
+    /// refusal: the party is checked before the state.
+    func testANonPartyIsRefusedAsSuchBeforeAnyStateIsRevealed() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let (_, path) = try source.begin(EndToEndTests.helloDrag)
+        let probe = try BusProbe(address: world.bus.address)
+        let notAParty = BrokerError(.accessDenied, "Present the session token with PresentToken before using session s1").busError
+        let load = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "Load") { m throws(BusError) in
+            try m.append(UInt32(0))
+            try m.append("text/plain")
+        }
+        guard case .failure(let loadError) = load else { return XCTFail("a stranger loaded") }
+        XCTAssertEqual(loadError, notAParty)
+        guard case .failure(let concludeError) = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "Conclude") else {
+            return XCTFail("a stranger concluded")
+        }
+        XCTAssertEqual(concludeError, notAParty)
+    }
+
     /// A client cannot grow the audit log without bound by asking for what it may not have.
     func testRefusalsRecordedPerConnectionAreBounded() throws {
         let world = try World()

@@ -163,6 +163,10 @@ final class SessionRulesTests: XCTestCase {
 
     func testOnlyTheDropDestinationConcludesAndTheTransferFinishesWithoutLoads() throws {
         let (session, events) = makeSession()
+        assertRefused(try session.conclude(by: Self.stranger), .accessDenied,
+                      "Present the session token with PresentToken before using session s7")
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        try session.admit(Self.stranger, limit: 64, flow: Self.noRules)
         assertRefused(try session.conclude(by: Self.teammate), .wrongState,
                       "Session s7 has not been dropped: only the drop destination concludes it")
         try drop(session, by: Self.teammate)
@@ -224,6 +228,8 @@ final class SessionRulesTests: XCTestCase {
 
     func testLoadsOnlyAfterTheDropByTheDropDestinationOfWhatItSees() throws {
         let (session, _) = makeSession()
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules()), .accessDenied,
+                      "Present the session token with PresentToken before using session s7")
         try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()), .wrongState,
                       "Loads are allowed only after PerformDrop")

@@ -278,6 +278,8 @@ final class Session {
     }
 
     func conclude(by caller: AppIdentity) throws(BrokerError) {
+        // The party first: a stranger must not learn the session's state from the refusal.
+        try requireParticipant(caller)
         guard state != .active else {
             throw .wrongState("Session \(id) has not been dropped: only the drop destination concludes it")
         }
@@ -297,6 +299,8 @@ final class Session {
     /// Checks a load request against the session's state, visibility and the policy, and
     /// hands out the load's ID. Nothing has started yet.
     func authorizeLoad(item: UInt32, type: String, by caller: AppIdentity, rules: LoadRules) throws(BrokerError) -> LoadRequest {
+        // The party first: a stranger must not learn the session's state from the refusal.
+        try requireParticipant(caller)
         switch state {
         case .active:
             throw .wrongState("Loads are allowed only after PerformDrop")
