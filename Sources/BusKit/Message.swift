@@ -45,17 +45,12 @@ public final class Message {
 
     // MARK: Appending
 
-    // Strings go through `withCString`, which lends a native string's own NUL-terminated
-    // storage; the implicit conversion to a pointer would copy each one into a new array.
-
     public func append(_ value: String) throws(BusError) {
-        let handle = handle
-        try check(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "s")), $0) }, "append string")
+        try write { $0.append(value) }
     }
 
     public func append(objectPath value: String) throws(BusError) {
-        let handle = handle
-        try check(value.withCString { sd_bus_message_append_basic(handle, CChar(UInt8(ascii: "o")), $0) }, "append object path")
+        try write { $0.append(objectPath: value) }
     }
 
     public func append(_ value: Bool) throws(BusError) {
@@ -239,6 +234,9 @@ public struct MessageWriter: ~Copyable {
         guard !failed else { return }
         record(sd_bus_message_close_container(handle), "close container")
     }
+
+    // Strings go through `withCString`, which lends a native string's own NUL-terminated
+    // storage; the implicit conversion to a pointer would copy each one into a new array.
 
     public mutating func append(_ value: String) {
         guard !failed else { return }

@@ -24,11 +24,14 @@ final class SessionInterface {
         subtree = try bus.exportSubtree(
             prefix: prefix, interface: BrokerInterfaces.session, template: implementation,
             find: { [unowned self] path, caller in
-                guard let session = registry.session(atPath: path), isAddressable(session, by: caller) else { return nil }
+                guard let session = registry.session(atPath: path), isAddressable(session, by: caller, identity(of: caller)) else {
+                    return nil
+                }
                 return handlers
             },
             enumerate: { [unowned self] caller in
-                registry.sessions.values.filter { isListed($0, to: caller) }.map(\.path).sorted()
+                let identity = identity(of: caller)
+                return registry.sessions.values.filter { isListed($0, to: caller, identity) }.map(\.path).sorted()
             })
         // sd-bus answers GetManagedObjects by asking every child's find callback and each
         // of its property getters one by one; at 10,000 sessions that walk alone outlasts the
@@ -44,27 +47,32 @@ final class SessionInterface {
         // error, not sd-bus's UnknownObject.
         retired = try bus.addFallback(prefix: prefix) { [unowned self] call in
             guard call.message.interface == BrokerNames.sessionInterface, let path = call.message.path else { return false }
-            if let session = registry.session(atPath: path), isAddressable(session, by: call.sender) { return false }
+            if let session = registry.session(atPath: path), isAddressable(session, by: call.sender, identity(of: call.sender)) {
+                return false
+            }
             call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
             return true
         }
     }
 
+    /// The identity of whoever sd-bus is serving, once per question however many sessions it
+    /// covers; nil for our own emissions, or a caller that can no longer be identified.
+    private func identity(of caller: String?) -> AppIdentity? {
+        caller.flatMap { try? daemon.identity(ofName: $0) }
+    }
+
     /// Whether `caller` may address the session's object at all: a restricted session exists
     /// only for its own app. Our own emissions have no caller.
-    private func isAddressable(_ session: Session, by caller: String?) -> Bool {
-        guard session.options.restrictedToApp, let caller else { return true }
-        guard let identity = try? daemon.identity(ofName: caller) else { return false }
-        return identity.isSameApp(as: session.source)
+    private func isAddressable(_ session: Session, by caller: String?, _ identity: AppIdentity?) -> Bool {
+        guard session.options.restrictedToApp, caller != nil else { return true }
+        return identity?.isSameApp(as: session.source) == true
     }
 
     /// Whether the session's object shows among the manager's children for `caller`: to
     /// its parties and to those who may inspect it, as ListSessions decides.
-    private func isListed(_ session: Session, to caller: String?) -> Bool {
+    private func isListed(_ session: Session, to caller: String?, _ identity: AppIdentity?) -> Bool {
         guard let caller else { return true }
-        if session.isParty(caller) { return true }
-        guard let identity = try? daemon.identity(ofName: caller) else { return false }
-        return session.mayBeInspected(by: identity)
+        return session.isParty(caller) || identity.map(session.mayBeInspected(by:)) == true
     }
 
     // MARK: Members
@@ -175,18 +183,14 @@ final class SessionInterface {
     /// and the session's properties, as sd-bus's own walk would answer.
     private func getManagedObjects(_ call: MethodCall) {
         let caller = call.sender
-        // As `isListed` and `isAddressable` decide, with the caller's identity looked up once.
-        let identity = try? daemon.identity(ofName: caller)
-        func visible(_ session: Session) -> Bool {
-            if session.options.restrictedToApp && identity?.isSameApp(as: session.source) != true { return false }
-            return session.isParty(caller) || identity.map(session.mayBeInspected(by:)) == true
-        }
+        let identity = identity(of: caller)
         do {
             try reply(call) { r throws(BusError) in
                 let properties = Property.allCases
                 try r.write { w in
                     w.open("a", "{oa{sa{sv}}}")
-                    for session in registry.sessions.values where visible(session) {
+                    for session in registry.sessions.values
+                    where isListed(session, to: caller, identity) && isAddressable(session, by: caller, identity) {
                         w.open("e", "oa{sa{sv}}")
                         w.append(objectPath: session.path)
                         w.open("a", "{sa{sv}}")

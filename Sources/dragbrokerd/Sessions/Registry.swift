@@ -43,11 +43,6 @@ final class Registry {
         return sessions[String(path.dropFirst(Self.pathPrefix.count))]
     }
 
-    /// Every session `uniqueName` takes part in.
-    func sessions(of uniqueName: String) -> [Session] {
-        (byParty[uniqueName] ?? []).compactMap { sessions[$0] }
-    }
-
     // MARK: Beginning and joining
 
     func begin(source: AppIdentity, items: [ItemDescriptor], options: SessionOptions,

@@ -142,13 +142,25 @@ final class Session {
     /// with none left; `index` is the item's real index.
     func visibleItems(for identity: AppIdentity, flow: FlowView) -> [(index: Int, item: VisibleItem)] {
         items.enumerated().compactMap { index, item in
-            let types = item.representations
-                .filter { isVisible($0, to: identity) && flow.denial(of: $0.typeIdentifier, from: source, to: identity) == nil }
-                .map(\.typeIdentifier)
+            let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
             if types.isEmpty { return nil }
             return (index, VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
                                        preferredHeight: item.preferredHeight, typeIdentifiers: types))
         }
+    }
+
+    /// Whether `visibleItems` would show `identity` anything, without building the list:
+    /// asked on every proposal.
+    func hasDroppable(for identity: AppIdentity, flow: FlowView) -> Bool {
+        items.contains { item in
+            item.representations.contains { exists($0, for: identity, flow: flow) }
+        }
+    }
+
+    /// A representation exists for `identity` when its visibility lets it see it and no flow
+    /// rule denies it.
+    private func exists(_ representation: RepresentationDescriptor, for identity: AppIdentity, flow: FlowView) -> Bool {
+        isVisible(representation, to: identity) && flow.denial(of: representation.typeIdentifier, from: source, to: identity) == nil
     }
 
     func isVisible(_ representation: RepresentationDescriptor, to identity: AppIdentity) -> Bool {
@@ -240,8 +252,7 @@ final class Session {
             throw .wrongState("Call Enter before Update: the drag is not over this destination")
         }
         destination.proposal = proposal
-        let droppable = !visibleItems(for: caller, flow: flow).isEmpty
-        destination.allowed = droppable || proposal == .cancel || proposal == .forbidden
+        destination.allowed = proposal == .cancel || proposal == .forbidden || hasDroppable(for: caller, flow: flow)
             ? allowedOperation(for: proposal, by: caller) : .forbidden
         destinations[caller.uniqueName] = destination
         current = caller.uniqueName
