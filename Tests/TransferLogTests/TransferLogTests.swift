@@ -90,6 +90,33 @@ final class TransferLogTests: XCTestCase {
         XCTAssertEqual(try log.highestSessionNumber(prefix: "x"), 99)
     }
 
+    /// The daemon's off-loop forms: retention and the last session number, reported from the
+    /// writer's queue; a log opened for reading refuses to prune.
+    func testPruneAndHighestSessionNumberReportFromTheWriterQueue() throws {
+        let log = try TransferLog(path: logPath)
+        log.submit(.session(session("s5")))
+        let reported = expectation(description: "both reported")
+        reported.expectedFulfillmentCount = 2
+        log.highestSessionNumber(prefix: "s") { result in
+            XCTAssertEqual(try? result.get(), 5, "entries submitted before are written first")
+            reported.fulfill()
+        }
+        log.prune(endedBefore: Date().addingTimeInterval(86_400)) { result in
+            XCTAssertEqual(try? result.get(), 1)
+            reported.fulfill()
+        }
+        wait(for: [reported], timeout: 10)
+        let reader = try TransferLog.openReadOnly(path: logPath)
+        let refused = expectation(description: "refused")
+        reader.prune(endedBefore: Date()) { result in
+            guard case .failure(let error) = result else { return XCTFail("a read-only log pruned") }
+            XCTAssertEqual(error as? TransferLogError, .readOnly)
+            XCTAssertEqual("\(error)", "the transfer log was opened read-only")
+            refused.fulfill()
+        }
+        wait(for: [refused], timeout: 10)
+    }
+
     func testDatesAreStoredAsIntegerMicroseconds() throws {
         let log = try TransferLog(path: logPath)
         log.submit(.session(session()))
