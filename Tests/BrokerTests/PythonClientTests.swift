@@ -35,3 +35,41 @@ final class PythonClientTests: XCTestCase {
         XCTAssertEqual(load.outcome, "completed")
     }
 }
+
+/// A GDBus source keeps its call's write end open after replying, as GTK apps (GDBus's fd
+/// list) and Qt apps (delayed replies) do: the reply, not end of file, ends the data.
+final class HeldWriteEndTests: XCTestCase {
+    func testTheProvidersReplyEndsTheDataWhileItsBusLibraryHoldsTheWriteEnd() throws {
+        // Short deadlines, so a load waiting for end of file would fail with Timeout quickly.
+        let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=3\nStallTimeoutSec=3\n" }
+        let tests = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        let script = tests.appendingPathComponent("python/gio_provider.py")
+        let xml = ProtocolTests.interfacesDirectory.appendingPathComponent("org.dragbroker.Provider1.xml")
+        // Less than a pipe holds, and more than both pipes hold while the destination reads.
+        for (session, size) in [(1, 5000), (2, 3 << 20)] {
+            let python = try Child(executable: URL(fileURLWithPath: "/usr/bin/python3"),
+                                   arguments: [script.path, world.bus.address, xml.path, String(size)],
+                                   environment: ["PATH": "/usr/bin:/bin"])
+            python.process.waitUntilExit()
+            XCTAssertEqual(python.process.terminationStatus, 0, python.stderr.text)
+            let lines = python.stdout.all { _ in true }
+            XCTAssertEqual(lines.filter { $0.hasPrefix("source:") && !$0.hasPrefix("source: LoadProgress") }, [
+                "source: began /org/dragbroker/Broker1/session/s\(session)",
+                "source: WillEnd copy",
+                "source: provided \(size) bytes, write end still held",
+                "source: LoadFinished 1 \(size)",
+                "source: Ended copy",
+                "source: TransferFinished",
+            ])
+            XCTAssertEqual(lines.filter { $0.hasPrefix("destination:") }, [
+                "destination: enter copy -> copy",
+                "destination: drop -> copy",
+                "destination: data load 1 got \(size) bytes, exact: True",
+                "destination: concluded",
+            ])
+        }
+        let loads = try world.daemon.waitForLog { log in try log.loads().count == 2 ? log.loads() : nil }
+        XCTAssertEqual(loads.map(\.outcome), ["completed", "completed"])
+        XCTAssertEqual(loads.map(\.bytes).sorted(), [5000, 3 << 20])
+    }
+}

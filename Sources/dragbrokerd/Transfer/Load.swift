@@ -25,9 +25,9 @@ final class Load {
         case awaitingSource
         /// Bytes are moving; neither the pipe's end nor the provider's reply has come.
         case streaming
-        /// The provider replied that it wrote everything; the pipe still drains.
+        /// The provider replied that it wrote everything; what the pipe holds still drains.
         case sourceAnswered
-        /// The pipe reached end of file; the provider's reply has not come.
+        /// The pipe reached end of file (every write end closed); the provider's reply has not come.
         case dataEnded
         case finished
     }
@@ -100,7 +100,7 @@ final class Load {
                 providerCall = try source.bus.callAsync(call, timeout: UInt64.max) { [unowned self] result in
                     providerCall = nil
                     switch result {
-                    case .success: dataSettled(.sourceAnswered)
+                    case .success: sourceAnswered()
                     case .failure(let error): finish(providerError(error, from: source.app))
                     }
                 }
@@ -112,7 +112,7 @@ final class Load {
             bytes += moved
             switch outcome {
             case .endOfData:
-                dataSettled(.dataEnded)
+                dataEnded()
             case .destinationClosed:
                 finish(BrokerError(.cancelled, "The destination closed its end of the load"))
             case .limitExceeded:
@@ -128,12 +128,27 @@ final class Load {
         proxy?.onMoved = { [unowned self] moved in progressed(moved) }
     }
 
-    /// The data is complete once both the pipe's end and the provider's reply have come.
-    private func dataSettled(_ half: Phase) {
+    /// The provider's reply ends the data: the proxy drains what the pipe holds and stops,
+    /// without waiting for an end of file that a held duplicate of the write end would keep away.
+    private func sourceAnswered() {
         switch phase {
-        case .awaitingSource, .streaming: phase = half
-        case .sourceAnswered where half == .dataEnded, .dataEnded where half == .sourceAnswered: finish(nil)
-        default: break
+        case .awaitingSource, .streaming:
+            phase = .sourceAnswered
+            // This may finish the load and so release it: nothing may follow.
+            proxy?.sourceFinished()
+        case .dataEnded:
+            finish(nil)
+        case .sourceAnswered, .finished:
+            break
+        }
+    }
+
+    /// The pipe's end before the provider's reply: the reply may still be an error.
+    private func dataEnded() {
+        switch phase {
+        case .awaitingSource, .streaming: phase = .dataEnded
+        case .sourceAnswered: finish(nil)
+        case .dataEnded, .finished: break
         }
     }
 

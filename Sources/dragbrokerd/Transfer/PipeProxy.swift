@@ -32,6 +32,9 @@ final class PipeProxy {
     private var inputWatch: IOWatch?
     private var outputWatch: IOWatch?
     private var onFinish: ((Outcome, UInt64) -> Void)?
+    /// The source said it wrote everything: what is in the pipe is the whole of the data,
+    /// whether or not every copy of the write end has been closed.
+    private var sourceIsDone = false
 
     /// Larger pipes halve the number of wakeups per byte; see `make bench`.
     private static let pipeSize: Int32 = 1 << 20
@@ -91,6 +94,14 @@ final class PipeProxy {
         output.closeQuietly()
     }
 
+    /// The source's reply came: the data ends with what the pipe holds now. A bus library may
+    /// keep a duplicate of the write end alive with the call (GDBus's fd list, Qt's delayed
+    /// replies), so end of file might never come.
+    func sourceFinished() {
+        sourceIsDone = true
+        pump()
+    }
+
     /// Stops moving bytes; the daemon's ends close with the proxy, so both peers see the pipe end.
     func stop() {
         onFinish = nil
@@ -118,8 +129,8 @@ final class PipeProxy {
                     // At the limit: one more byte waiting means the source has too much.
                     do {
                         if try input.bytesPending() > 0 { return .limitExceeded }
-                        // Nothing waiting: the source has closed (done, within the limit) or not yet.
-                        if try input.readiness(Int16(POLLIN)) & Int16(POLLHUP) != 0, try input.bytesPending() == 0 {
+                        // Nothing waiting: the source is done (within the limit) or not yet.
+                        if try sourceIsDone || input.readiness(Int16(POLLIN)) & Int16(POLLHUP) != 0 {
                             return .endOfData
                         }
                     } catch {
@@ -134,6 +145,9 @@ final class PipeProxy {
                 if n == 0 { return .endOfData }
                 moved += UInt64(n)
             } catch .resourceTemporarilyUnavailable {
+                if sourceIsDone, (try? input.bytesPending()) == 0 {
+                    return .endOfData
+                }
                 if outputIsFull() {
                     // Wait for the destination to drain before reading more from the source.
                     inputWatch?.setEnabled(false)
