@@ -24,6 +24,8 @@ public final class DragSession: Sendable {
     public let token: String
     public var items: [DragItem] { lock.withLock { $0 } }
     private let lock: Locked<[DragItem]>
+    /// The source heard `WillEnd`: a destination performed the drop.
+    private let wasDropped = Locked(false)
     /// The session's events; the stream finishes after the last one.
     public let events: AsyncStream<DragSessionEvent>
     private let continuation: AsyncStream<DragSessionEvent>.Continuation
@@ -54,6 +56,22 @@ public final class DragSession: Sendable {
         try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
     }
 
+    /// The windowing system's drag ended: GTK's `drag-end` or `drag-failed`, GTK 4's
+    /// `drag-cancel`, Qt's `QDrag::exec` returning, XDND's finish. Without a drop the session
+    /// is cancelled at once, so its token and items die with the drag rather than at the broker's
+    /// `DragTimeoutSec=`. With one, nothing changes: the destination's drop and loads go on.
+    /// Call it from the toolkit's callback on any thread; it does not wait. A session whose
+    /// drop this source has already heard of (`willEnd`) is left alone.
+    public func dragEnded(dropped: Bool) {
+        guard !dropped else { return }
+        Task { [self] in
+            // A drop heard by now wins; the broker's answer to a drop still on its way cannot.
+            guard !wasDropped.withLock({ $0 }) else { return }
+            // Refused only when the session is already over: nothing left to cancel.
+            try? await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "Cancel")
+        }
+    }
+
     func noteLoadRequested(load: UInt32, item: Int, type: String) {
         continuation.yield(.loadRequested(load: load, item: item, typeIdentifier: type))
     }
@@ -63,6 +81,7 @@ public final class DragSession: Sendable {
     func handle(_ signal: SessionSignal) -> Bool {
         switch signal {
         case .willEnd(let operation):
+            wasDropped.withLock { $0 = true }
             continuation.yield(.willEnd(operation))
         case .ended(let operation, let error):
             continuation.yield(.ended(operation, error))

@@ -116,6 +116,12 @@ public struct PolicyLimits: Hashable, Sendable {
     public var firstByteTimeoutSec = 30
     /// Seconds a load may make no progress (a stalled source, or a destination that stops reading).
     public var stallTimeoutSec = 30
+    /// Seconds from BeginSession within which a drag must be dropped: a drag released over
+    /// nothing by a source that never cancels it must not hold its items and token for ever.
+    public var dragTimeoutSec = 300
+    /// Seconds a dropped session may wait, with no load in flight, for its destination to
+    /// load or conclude.
+    public var concludeTimeoutSec = 60
 
     public init() {}
 
@@ -131,6 +137,8 @@ public struct PolicyLimits: Hashable, Sendable {
         ("MaxStringLength", \.maxStringLength),
         ("FirstByteTimeoutSec", \.firstByteTimeoutSec),
         ("StallTimeoutSec", \.stallTimeoutSec),
+        ("DragTimeoutSec", \.dragTimeoutSec),
+        ("ConcludeTimeoutSec", \.concludeTimeoutSec),
     ]
 }
 

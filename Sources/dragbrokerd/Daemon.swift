@@ -12,6 +12,7 @@ import BrokerProtocol
 import BusKit
 import Foundation
 import Logging
+import SystemCalls
 import TransferLog
 import UniformTypes
 
@@ -52,6 +53,14 @@ final class Daemon {
         manager = try ManagerInterface(daemon: self)
         sessionInterface = try SessionInterface(daemon: self)
         registry.later = { [loop = bus.loop] work in loop.soon(work) }
+        registry.schedule = { [loop = bus.loop, logger] delay, fire in
+            do {
+                return try LoopTimer(loop: loop, afterMicroseconds: delay, callback: fire)
+            } catch {
+                logger.error("Failed to arm the sessions' deadline timer, sessions may outlive their deadlines until the next one is armed: \(error)")
+                return nil
+            }
+        }
         registry.onEvent = { [unowned self] session, event in
             sessionInterface?.publish(session, event)
             switch event {
@@ -127,6 +136,8 @@ final class Daemon {
             throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
         }
         registry.identities.apply(policy)
+        // New deadlines apply to live sessions too: one already past them ends now.
+        registry.expireDeadlines(at: Kernel.monotonicMicroseconds())
         applyRetention()
         logger.info("Reloaded the policy from \(policy.files.isEmpty ? "defaults" : policy.files.joined(separator: ", "))")
     }

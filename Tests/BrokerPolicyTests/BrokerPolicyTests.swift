@@ -561,6 +561,10 @@ final class BrokerPolicyTests: XCTestCase {
             FirstByteTimeoutSec=30
             # default
             StallTimeoutSec=30
+            # default
+            DragTimeoutSec=300
+            # default
+            ConcludeTimeoutSec=60
 
             [Audit]
             # default
@@ -606,6 +610,10 @@ final class BrokerPolicyTests: XCTestCase {
             FirstByteTimeoutSec=30
             # default
             StallTimeoutSec=30
+            # default
+            DragTimeoutSec=300
+            # default
+            ConcludeTimeoutSec=60
 
             [Audit]
             # default

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import XCTest
 
@@ -71,5 +72,52 @@ final class HeldWriteEndTests: XCTestCase {
         let loads = try world.daemon.waitForLog { log in try log.loads().count == 2 ? log.loads() : nil }
         XCTAssertEqual(loads.map(\.outcome), ["completed", "completed"])
         XCTAssertEqual(loads.map(\.bytes).sorted(), [5000, 3 << 20])
+    }
+}
+
+/// Every unsandboxed Python program is the interpreter's executable to the daemon; the app
+/// scope a desktop launcher (or `systemd-run --user --scope --unit=app-<ID>-….scope`) puts it
+/// in is what makes it an app of its own.
+final class InterpretedAppTests: XCTestCase {
+    func program(_ world: World, scope: AppScope?) throws -> Child {
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("python/interpreted_app.py")
+        let python = try Child(executable: URL(fileURLWithPath: "/usr/bin/python3"), arguments: [script.path, world.bus.address],
+                               environment: ["PATH": "/usr/bin:/bin"])
+        try scope?.adopt(python.process.processIdentifier)
+        python.send("go")
+        return python
+    }
+
+    func answer(_ program: Child, to line: String) -> String {
+        program.send(line)
+        return program.stdout.take { !$0.isEmpty } ?? "no answer: \(program.stderr.text)"
+    }
+
+    func testTwoPythonProgramsAreOneAppUnlessEachHasItsOwnScope() throws {
+        let world = try World()
+        let interpreter = try FileManager.default.destinationOfSymbolicLink(atPath: "/usr/bin/python3")
+        let plainA = try program(world, scope: nil)
+        let plainB = try program(world, scope: nil)
+        XCTAssertEqual(plainA.stdout.take { $0.hasPrefix("app ") }, "app /usr/bin/\(interpreter) from executable")
+        XCTAssertEqual(plainB.stdout.take { $0.hasPrefix("app ") }, "app /usr/bin/\(interpreter) from executable")
+        let shared = answer(plainA, to: "begin")
+        XCTAssertTrue(shared.hasPrefix("token "), shared)
+        XCTAssertEqual(answer(plainB, to: "present \(shared.dropFirst(6))"), "presented /org/dragbroker/Broker1/session/s1",
+                       "one interpreter, one app: a session restricted to its app is the other's too")
+
+        let fooScope = try AppScope(unit: "app-com.example.Foo-\(getpid()).scope")
+        let barScope = try AppScope(unit: "app-gnome-com.example.Bar-\(getpid()).scope")
+        let foo = try program(world, scope: fooScope)
+        let bar = try program(world, scope: barScope)
+        XCTAssertEqual(foo.stdout.take { $0.hasPrefix("app ") }, "app com.example.Foo from systemd-unit")
+        XCTAssertEqual(bar.stdout.take { $0.hasPrefix("app ") }, "app com.example.Bar from systemd-unit")
+        let own = answer(foo, to: "begin")
+        XCTAssertTrue(own.hasPrefix("token "), own)
+        XCTAssertEqual(answer(bar, to: "present \(own.dropFirst(6))"),
+                       "error \(BrokerErrorCode.notFound.busName) No live session has this token")
+        XCTAssertEqual(answer(plainA, to: "present \(own.dropFirst(6))"),
+                       "error \(BrokerErrorCode.notFound.busName) No live session has this token")
+        for program in [plainA, plainB, foo, bar] { program.terminate() }
     }
 }

@@ -12,7 +12,8 @@ final class SessionRulesTests: XCTestCase {
     static let sameApp = identity(":1.2", flatpak: "org.example.Editor")
     static let teammate = identity(":1.3", flatpak: "org.example.Viewer")
     static let stranger = identity(":1.4", flatpak: "com.other.Reader")
-    static let unsandboxedSameUser = identity(":1.5", executable: "/usr/bin/tool")
+    /// An administrator: the user the daemon (here, this test process) runs as, unsandboxed.
+    static let unsandboxedSameUser = identity(":1.5", executable: "/usr/bin/tool", uid: getuid())
 
     static func identity(_ name: String, flatpak: String? = nil, executable: String = "/app/bin/app", uid: uid_t = 1000,
                          policy: Policy = Policy()) -> AppIdentity {
@@ -111,9 +112,9 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertTrue(restricted.isVisible(to: Self.sameApp))
         XCTAssertFalse(restricted.isVisible(to: Self.teammate))
         XCTAssertFalse(restricted.mayBeInspected(by: Self.unsandboxedSameUser))
-        XCTAssertTrue(open.mayBeInspected(by: Self.unsandboxedSameUser), "an unsandboxed tool of the same user may inspect")
+        XCTAssertTrue(open.mayBeInspected(by: Self.unsandboxedSameUser), "an unsandboxed tool of the daemon's user may inspect")
         XCTAssertFalse(open.mayBeInspected(by: Self.stranger), "a sandboxed app sees only its own sessions")
-        XCTAssertFalse(open.mayBeInspected(by: Self.identity(":1.9", executable: "/usr/bin/tool", uid: 1001)), "another user")
+        XCTAssertFalse(open.mayBeInspected(by: Self.identity(":1.9", executable: "/usr/bin/tool", uid: getuid() + 1)), "another user")
         XCTAssertTrue(open.mayBeInspected(by: Self.identity(":1.9", executable: "/usr/bin/tool", uid: 0)), "root")
     }
 
@@ -407,6 +408,71 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(registry.count, 0)
         while !pending.isEmpty { pending.removeFirst()() }
         XCTAssertEqual(ended.count, 901, "a continuation left over from before the shutdown finds nothing to do")
+    }
+
+    // MARK: Deadlines
+
+    func testADeadlineCountsFromTheBeginningWhileDraggingAndFromTheLastActivityAfterTheDrop() throws {
+        let limits = Limits()
+        let (session, events) = makeSession()
+        XCTAssertEqual(session.deadline(limits), session.deadlineStart + 300_000_000)
+        try drop(session, by: Self.teammate)
+        let dropped = session.deadlineStart
+        XCTAssertEqual(session.deadline(limits), dropped + 60_000_000)
+        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
+        session.track(load)
+        XCTAssertNil(session.deadline(limits), "a load in flight has deadlines of its own")
+        load.stop(BrokerError(.cancelled, "stopped"))
+        XCTAssertGreaterThanOrEqual(session.deadlineStart, dropped)
+        XCTAssertEqual(session.deadline(limits), session.deadlineStart + 60_000_000, "the wait for Conclude starts again")
+        session.timeOut(limits)
+        XCTAssertEqual(events.events.last, "ended timed-out Timeout")
+        XCTAssertTrue(session.isOver)
+    }
+
+    func testTheRegistryEndsEachSessionAtItsDeadlineWithOneTimerForAll() throws {
+        let registry = Registry(policy: Policy(), types: Self.types, firstSessionNumber: 1)
+        var armed: [UInt64] = []
+        registry.schedule = { delay, _ in
+            armed.append(delay)
+            return NSObject()
+        }
+        var ended: [String] = []
+        registry.onEvent = { session, event in
+            if case .ended(let outcome, let error) = event {
+                ended.append("\(session.id) \(outcome) \(error?.code.busName ?? "-") \(error?.message ?? "")")
+            }
+        }
+        let dragged = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        XCTAssertEqual(armed.count, 1)
+        XCTAssertEqual(Double(armed[0]), 300_000_000, accuracy: 1_000_000)
+        let draggedLater = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        XCTAssertEqual(armed.count, 1, "a later deadline arms nothing")
+        let dropped = try registry.begin(source: Self.sameApp, items: Self.items, options: SessionOptions(), providerPath: "/p")
+        _ = try registry.present(token: dropped.token.hex, by: Self.teammate)
+        _ = try dropped.propose(.copy, by: Self.teammate, entering: true, flow: registry.flow)
+        _ = try dropped.performDrop(by: Self.teammate)
+        XCTAssertEqual(armed.count, 2, "waiting for Conclude ends sooner than the drags")
+        XCTAssertEqual(Double(armed[1]), 60_000_000, accuracy: 1_000_000)
+
+        let limits = registry.limits
+        let concludeBy = try XCTUnwrap(dropped.deadline(limits))
+        registry.expireDeadlines(at: concludeBy - 1)
+        XCTAssertEqual(ended, [])
+        XCTAssertEqual(armed.last, 1, "the timer waits for the earliest deadline again")
+        registry.expireDeadlines(at: concludeBy)
+        XCTAssertEqual(ended, ["s3 timed-out org.dragbroker.Broker1.Error.Timeout The destination of session s3 neither loaded nor concluded within 60 s (ConcludeTimeoutSec=)"])
+        registry.expireDeadlines(at: try XCTUnwrap(dragged.deadline(limits)))
+        XCTAssertEqual(ended.count, 2)
+        registry.expireDeadlines(at: try XCTUnwrap(draggedLater.deadline(limits)))
+        XCTAssertEqual(Array(ended.dropFirst()), [
+            "s1 timed-out org.dragbroker.Broker1.Error.Timeout Session s1 was not dropped within 300 s of BeginSession (DragTimeoutSec=)",
+            "s2 timed-out org.dragbroker.Broker1.Error.Timeout Session s2 was not dropped within 300 s of BeginSession (DragTimeoutSec=)",
+        ])
+        XCTAssertEqual(registry.count, 0)
+        let armedBefore = armed.count
+        registry.expireDeadlines(at: .max)
+        XCTAssertEqual(armed.count, armedBefore, "no session, no timer")
     }
 
     func testTokensRoundTripThroughTheirHexForm() throws {

@@ -85,6 +85,10 @@ final class Peer: Sendable {
                 guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no presented drag") }
                 try await drag.cancel()
                 return "OK"
+            case "dragended":
+                guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no presented drag") }
+                drag.dragEnded(dropped: args[0] == "drop")
+                return "OK"
             case "present":
                 let drop = try await connection.presentToken(rest)
                 drops.withLock { $0.append(drop) }
@@ -92,6 +96,7 @@ final class Peer: Sendable {
                     for await event in drop.events {
                         if case .loadProgress = event { continue }  // PROGRESS lines come from loadprogress
                         emit("EVENT \(describe(event))")
+                        if case .ended(_, let error?) = event { emit("WHY \(error.message)") }
                     }
                 }
                 return "OK \(drop.path)"
@@ -260,6 +265,9 @@ final class Peer: Sendable {
             for await event in session.events {
                 switch event {
                 case .loadRequested, .loadProgress: break  // HANDLER lines say when handlers run
+                case .ended(_, let error?):
+                    emit("EVENT \(describe(event))")
+                    emit("WHY \(error.message)")
                 default: emit("EVENT \(describe(event))")
                 }
             }

@@ -17,6 +17,10 @@ struct Limits: Sendable {
     var firstByteTimeout: UInt64 = 30_000_000
     /// Microseconds a load may make no progress.
     var stallTimeout: UInt64 = 30_000_000
+    /// Microseconds from BeginSession within which the drag must be dropped.
+    var dragTimeout: UInt64 = 300_000_000
+    /// Microseconds a dropped session may sit with no load in flight before it ends.
+    var concludeTimeout: UInt64 = 60_000_000
 
     init() {}
 
@@ -30,5 +34,7 @@ struct Limits: Sendable {
         maxStringLength = policy.maxStringLength
         firstByteTimeout = UInt64(policy.firstByteTimeoutSec) * 1_000_000
         stallTimeout = UInt64(policy.stallTimeoutSec) * 1_000_000
+        dragTimeout = UInt64(policy.dragTimeoutSec) * 1_000_000
+        concludeTimeout = UInt64(policy.concludeTimeoutSec) * 1_000_000
     }
 }

@@ -2,6 +2,7 @@ import BrokerPolicy
 import BrokerProtocol
 import BusKit
 import Foundation
+import SystemCalls
 import UniformTypes
 
 /// The live sessions, found in one dictionary probe whichever way a call names them: by ID
@@ -132,8 +133,57 @@ final class Registry {
     }
 
     private func deliver(_ session: Session, _ event: SessionEvent) {
-        if case .ended = event { forget(session) }
+        switch event {
+        case .ended: forget(session)
+        case .began, .dropped, .loadFinished: watchDeadline(of: session)
+        default: break
+        }
         onEvent(session, event)
+    }
+
+    // MARK: Deadlines
+
+    /// Arms a one-shot timer after a delay in microseconds; releasing what it returns disarms
+    /// it. The daemon passes its loop's timers; without one, deadlines pass only when
+    /// `expireDeadlines` is called.
+    var schedule: (_ delay: UInt64, _ fire: @escaping () -> Void) -> AnyObject? = { _, _ in nil }
+    /// One timer for every session, at the earliest deadline: a session costs no timer of its
+    /// own, and beginning one costs a comparison (its deadline is the latest yet).
+    private var deadlineTimer: AnyObject?
+    private var armedFor: UInt64?
+
+    private func watchDeadline(of session: Session) {
+        guard let deadline = session.deadline(limits), armedFor.map({ deadline < $0 }) ?? true else { return }
+        arm(at: deadline, now: Kernel.monotonicMicroseconds())
+    }
+
+    private func arm(at deadline: UInt64, now: UInt64) {
+        // Sessions whose deadlines fall within the timer's slack end together, in one sweep.
+        deadlineTimer = schedule(deadline > now ? deadline - now : 0) { [weak self] in
+            self?.expireDeadlines(at: Kernel.monotonicMicroseconds())
+        }
+        // A timer that could not be armed is tried again by the next session that needs one.
+        armedFor = deadlineTimer == nil ? nil : deadline
+    }
+
+    /// Ends every session whose deadline has passed at `now`, then waits for the next one.
+    /// Also after a reload: deadlines are read from the policy in force.
+    func expireDeadlines(at now: UInt64) {
+        deadlineTimer = nil
+        armedFor = nil
+        let limits = limits
+        var expired: [Session] = []
+        var next: UInt64?
+        for session in sessions.values {
+            guard let deadline = session.deadline(limits) else { continue }
+            if deadline <= now {
+                expired.append(session)
+            } else {
+                next = min(next ?? deadline, deadline)
+            }
+        }
+        for session in expired.sorted(by: { Self.numericOrder($0.id, $1.id) }) { session.timeOut(limits) }
+        if let next { arm(at: next, now: now) }
     }
 
     private func forget(_ session: Session) {

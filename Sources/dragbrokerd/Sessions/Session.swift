@@ -5,6 +5,7 @@
 import BrokerPolicy
 import BrokerProtocol
 import Foundation
+import SystemCalls
 import UniformTypes
 
 /// What happened to a session. The bus face turns these into signals for the parties, the
@@ -92,6 +93,9 @@ final class Session {
     private(set) var isOver = false
     /// The party whose departure ended the session: nobody is left there to tell.
     private(set) var departed: String?
+    /// Monotonic microseconds the session's deadline counts from: its beginning while it is
+    /// dragged; the drop, or the end of its last load, while it waits for its destination.
+    private(set) var deadlineStart = Kernel.monotonicMicroseconds()
     private let report: (Session, SessionEvent) -> Void
 
     init(id: String, token: SessionToken, source: AppIdentity, providerPath: String, items: [ItemDescriptor],
@@ -284,6 +288,7 @@ final class Session {
         state = .dropped
         operation = destination.allowed
         dropDestination = caller.uniqueName
+        deadlineStart = Kernel.monotonicMicroseconds()
         report(self, .dropped(on: caller, operation: destination.allowed))
         return destination.allowed
     }
@@ -363,6 +368,7 @@ final class Session {
     private func loadFinished(_ load: Load, error: BrokerError?) {
         guard loads.removeValue(forKey: load.id) != nil else { return }
         finishedBytes += load.bytes
+        if loads.isEmpty { deadlineStart = Kernel.monotonicMicroseconds() }
         report(self, .loadFinished(load, error: error))
         if state == .concluded && loads.isEmpty { finishTransfer() }
     }
@@ -405,6 +411,32 @@ final class Session {
     }
 
     // MARK: Ending
+
+    /// When the session ends unless something happens: a drag not dropped within
+    /// `dragTimeout` of its beginning, a drop not followed by a load or `Conclude` within
+    /// `concludeTimeout`. Loads in flight have deadlines of their own, and a concluded session
+    /// ends with its last load.
+    func deadline(_ limits: Limits) -> UInt64? {
+        switch state {
+        case .active: deadlineStart + limits.dragTimeout
+        case .dropped where loads.isEmpty: deadlineStart + limits.concludeTimeout
+        case .dropped, .concluded: nil
+        }
+    }
+
+    /// The deadline passed: every party hears `Timeout`, naming the deadline.
+    func timeOut(_ limits: Limits) {
+        switch state {
+        case .active:
+            end(outcome: "timed-out", error: BrokerError(.timeout,
+                "Session \(id) was not dropped within \(limits.dragTimeout / 1_000_000) s of BeginSession (DragTimeoutSec=)"))
+        case .dropped:
+            end(outcome: "timed-out", error: BrokerError(.timeout,
+                "The destination of session \(id) neither loaded nor concluded within \(limits.concludeTimeout / 1_000_000) s (ConcludeTimeoutSec=)"))
+        case .concluded:
+            break
+        }
+    }
 
     /// Ends the session early: loads stop, every party is told why.
     func end(outcome: String, error: BrokerError) {
