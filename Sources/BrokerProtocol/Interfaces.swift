@@ -22,7 +22,7 @@ public enum BrokerInterfaces {
         ],
         properties: [
             .init("Version", "s", .constant),
-            .init("SessionCount", "u", .emitsChange),
+            .init("SessionCount", "u", .emitsInvalidation),
         ],
         signals: [
             .init("MonitorEvent", [A("session", "s"), A("event", "s"), A("detail", "s"), A("bytes", "t"), A("expected", "t")]),

@@ -37,7 +37,9 @@ public struct InterfaceDescription: Sendable {
     }
 
     public struct Property: Sendable {
-        public enum Change: Sendable { case constant, emitsChange }
+        /// How its changes are announced: never, with the new value, or as invalidated only
+        /// (for a value that differs per caller, which a broadcast cannot carry).
+        public enum Change: Sendable { case constant, emitsChange, emitsInvalidation }
         public let name: String
         public let signature: String
         public let change: Change
@@ -100,6 +102,8 @@ public final class MethodCall {
 public struct InterfaceImplementation {
     public typealias MethodHandler = (MethodCall) throws(BusError) -> Void
     /// Appends the value to the reply; `path` says which object, for handlers a subtree shares.
+    /// The reply's `destination` is the caller (sd-bus addresses a reply to the call's sender);
+    /// it is nil when sd-bus builds a signal itself, which nobody in particular receives.
     public typealias PropertyGetter = (_ reply: Message, _ path: String) throws(BusError) -> Void
 
     public var methods: [String: MethodHandler]
@@ -176,7 +180,11 @@ final class VTable {
                 shim_vtable_flag_unprivileged()))
         }
         for property in interface.properties {
-            let flags = property.change == .constant ? shim_vtable_flag_property_const() : shim_vtable_flag_property_emits_change()
+            let flags = switch property.change {
+            case .constant: shim_vtable_flag_property_const()
+            case .emitsChange: shim_vtable_flag_property_emits_change()
+            case .emitsInvalidation: shim_vtable_flag_property_emits_invalidation()
+            }
             entries.append(shim_vtable_property(keep(property.name), keep(property.signature), { _, path, _, name, reply, userdata, error in
                 let handlers = Unmanaged<ObjectHandlers>.fromOpaque(userdata!).takeUnretainedValue()
                 return handlers.get(String(cString: name!), Message(borrowing: reply!, loop: handlers.bus.loop), String(cString: path!), error)

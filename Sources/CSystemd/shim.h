@@ -79,6 +79,7 @@ static inline sd_bus_vtable shim_vtable_end(void) {
 static inline uint64_t shim_vtable_flag_unprivileged(void) { return SD_BUS_VTABLE_UNPRIVILEGED; }
 static inline uint64_t shim_vtable_flag_property_const(void) { return SD_BUS_VTABLE_PROPERTY_CONST; }
 static inline uint64_t shim_vtable_flag_property_emits_change(void) { return SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE; }
+static inline uint64_t shim_vtable_flag_property_emits_invalidation(void) { return SD_BUS_VTABLE_PROPERTY_EMITS_INVALIDATION; }
 
 static inline uint64_t shim_creds_pid_euid_unique(void) {
     return SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_UNIQUE_NAME;

@@ -155,24 +155,113 @@ enum Sandbox {
     /// A fake Flatpak: a private mount namespace, chrooted into a root whose /.flatpak-info
     /// names `appID`; the rest of the root is bind-mounted from the host.
     case flatpak(appID: String)
+    /// A sandbox as Flatpak builds one: the app in bubblewrap, with no way to the bus but a
+    /// socket of xdg-dbus-proxy that lets it talk to the broker alone. The proxy runs in
+    /// bubblewrap too, with the same /.flatpak-info, as Flatpak runs it: the proxy is the
+    /// connection the daemon sees, and its root is where the daemon reads the app's ID.
+    case bubblewrap(appID: String)
 }
 
-/// One app: a copy of the test peer at its own path, so the daemon sees a distinct executable.
+/// What a peer process runs.
+enum Program {
+    /// The scriptable app on the client library (Tests/TestPeer). Behind xdg-dbus-proxy it
+    /// needs a proxy that accepts sd-bus's pipelined authentication, which Debian 12's 0.1.4
+    /// does not (flatpak/xdg-dbus-proxy#21): there the sandboxed callers are probes.
+    case testPeer
+    /// The raw D-Bus client in Python (Tests/python/probe.py), for calls the library does not
+    /// make: Properties, ObjectManager, SessionCount, manager methods by hand.
+    case probe
+
+    static let probeScript = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("python/probe.py")
+}
+
+/// The pieces of a bubblewrap command line that every sandbox here shares: a root of its own
+/// holding the host's /usr read-only (and the Swift runtime the test peer links), a private
+/// /tmp, and a /.flatpak-info naming the app.
+func bubblewrapArguments(flatpakInfo: URL) -> [String] {
+    ["--die-with-parent",
+     "--ro-bind", "/usr", "/usr", "--ro-bind", "/opt/swift", "/opt/swift",
+     "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+     "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+     "--ro-bind", flatpakInfo.path, "/.flatpak-info"]
+}
+
+/// xdg-dbus-proxy for one sandboxed app, in bubblewrap as Flatpak runs it: `--filter` with
+/// `--talk=org.dragbroker.Broker1`, so through it the app may call the broker and hear its
+/// signals, and nothing else on the bus.
+final class FlatpakBusProxy: Child {
+    /// The directory holding the proxy's socket, `bus`, to bind into the app's sandbox.
+    let socketDirectory: URL
+    /// The proxy's PID: the bus connection is the proxy's, so this is the PID the daemon sees.
+    private(set) var pid: pid_t = 0
+
+    init(flatpakInfo: URL, socketDirectory: URL, bus: PrivateBus) throws {
+        self.socketDirectory = socketDirectory
+        try FileManager.default.createDirectory(at: socketDirectory, withIntermediateDirectories: true)
+        var binds = ["--bind", socketDirectory.path, "/run/dbus-proxy"]
+        // A socket in the file system must be visible inside; an abstract one is reached as it is.
+        if let path = bus.address.split(separator: ",").first.flatMap({ $0.hasPrefix("unix:path=") ? $0.dropFirst("unix:path=".count) : nil }) {
+            binds += ["--bind", String(path), String(path)]
+        }
+        // bubblewrap reports its child's PID as JSON on the info descriptor; the proxy itself prints nothing.
+        try super.init(executable: URL(fileURLWithPath: "/usr/bin/bwrap"),
+                       arguments: bubblewrapArguments(flatpakInfo: flatpakInfo) + binds + ["--info-fd", "1", "--",
+                                   "/usr/bin/xdg-dbus-proxy", bus.address, "/run/dbus-proxy/bus", "--filter", "--talk=\(BrokerNames.busName)"],
+                       environment: ["PATH": "/usr/bin:/bin"])
+        if let line = stdout.take(where: { $0.contains("\"child-pid\"") }), let value = line.split(separator: ":").last {
+            pid = pid_t(value.trimmingCharacters(in: .whitespaces).trimmingCharacters(in: CharacterSet(charactersIn: ","))) ?? 0
+        }
+        let socket = socketDirectory.appendingPathComponent("bus").path
+        let deadline = Date().addingTimeInterval(20)
+        while !FileManager.default.fileExists(atPath: socket) && Date() < deadline { usleep(10_000) }
+        guard pid > 0, FileManager.default.fileExists(atPath: socket) else {
+            throw HarnessError("xdg-dbus-proxy did not start: \(stdout.text) \(stderr.text)")
+        }
+    }
+}
+
+/// One app: a copy of the test peer at its own path, so the daemon sees a distinct executable,
+/// or the Python probe.
 final class Peer: Child {
     private(set) var uniqueName = ""
     let executable: URL
+    /// The bus proxy of a bubblewrap sandbox, which lives as long as the app.
+    let proxy: FlatpakBusProxy?
 
-    init(app: String, in directory: URL, bus: PrivateBus, sandbox: Sandbox = .none) throws {
+    init(app: String, in directory: URL, bus: PrivateBus, sandbox: Sandbox = .none, program: Program = .testPeer) throws {
         let binary = directory.appendingPathComponent("apps/\(app)")
-        if !FileManager.default.fileExists(atPath: binary.path) {
+        if program == .testPeer && !FileManager.default.fileExists(atPath: binary.path) {
             try FileManager.default.createDirectory(at: binary.deletingLastPathComponent(), withIntermediateDirectories: true)
             try FileManager.default.copyItem(at: productsDirectory.appendingPathComponent("dragbroker-testpeer"), to: binary)
         }
-        executable = binary
+        executable = program == .testPeer ? binary : URL(fileURLWithPath: "/usr/bin/python3")
+        let command = program == .testPeer ? [binary.path] : ["/usr/bin/python3", Program.probeScript.path]
         let environment = ["DRAGBROKER_BUS_ADDRESS": bus.address, "PATH": "/usr/bin:/bin"]
+        // Each instance gets its own proxy and socket, as each Flatpak instance does.
+        let box = directory.appendingPathComponent("boxes/\(app)-\(UUID().uuidString.prefix(8))")
+        let info = box.appendingPathComponent("flatpak-info")
+        if case .bubblewrap(let appID) = sandbox {
+            try FileManager.default.createDirectory(at: box, withIntermediateDirectories: true)
+            try "[Application]\nname=\(appID)\nruntime=runtime/org.freedesktop.Platform/x86_64/23.08\n"
+                .write(to: info, atomically: true, encoding: .utf8)
+            proxy = try FlatpakBusProxy(flatpakInfo: info, socketDirectory: box.appendingPathComponent("proxy"), bus: bus)
+        } else {
+            proxy = nil
+        }
         switch sandbox {
         case .none:
-            try super.init(executable: binary, environment: environment)
+            try super.init(executable: executable, arguments: Array(command.dropFirst()), environment: environment)
+        case .bubblewrap:
+            // No network, IPC or PID namespace of the host, and a /tmp of its own: the proxy's
+            // socket is the app's only way to a bus. The app is bound at /app, as in Flatpak.
+            let inside = program == .testPeer ? ["/app/bin/\(app)"] : ["/usr/bin/python3", "/app/probe.py"]
+            let mounted = program == .testPeer ? binary.path : Program.probeScript.path
+            try super.init(executable: URL(fileURLWithPath: "/usr/bin/bwrap"),
+                           arguments: bubblewrapArguments(flatpakInfo: info)
+                               + ["--unshare-net", "--unshare-ipc", "--unshare-pid",
+                                  "--ro-bind", box.appendingPathComponent("proxy").path, "/run/dbus-proxy", "--ro-bind", mounted, inside.last!, "--"] + inside,
+                           environment: ["DRAGBROKER_BUS_ADDRESS": "unix:path=/run/dbus-proxy/bus", "PATH": "/usr/bin:/bin"])
         case .flatpak(let appID):
             let root = directory.appendingPathComponent("roots/\(app)")
             try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
@@ -189,7 +278,7 @@ final class Peer: Child {
                 exec /usr/sbin/chroot "$root" "$@"
                 """
             try super.init(executable: URL(fileURLWithPath: "/usr/bin/unshare"),
-                           arguments: ["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", root.path, binary.path],
+                           arguments: ["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", root.path] + command,
                            environment: environment)
         }
         guard let ready = stdout.take(where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR ") }), ready.hasPrefix("READY ") else {
@@ -198,9 +287,9 @@ final class Peer: Child {
         uniqueName = String(ready.dropFirst("READY ".count))
     }
 
-    /// The PID the daemon sees: inside a sandbox the peer is a child of `unshare`/`chroot`
-    /// exec'd in place, so it is the same process.
-    var reportedPID: pid_t { process.processIdentifier }
+    /// The PID the daemon sees: inside the fake Flatpak the peer is a child of `unshare`/`chroot`
+    /// exec'd in place, so it is the same process; behind a bus proxy it is the proxy's.
+    var reportedPID: pid_t { proxy?.pid ?? process.processIdentifier }
 
     /// Sends a command and returns its one-line answer (`OK ...` or `ERR <name> <message>`).
     @discardableResult
@@ -261,8 +350,8 @@ final class World {
         daemon = try Daemon(bus: bus, stateDirectory: daemon.stateDirectory, policyDirectory: daemon.policyDirectory)
     }
 
-    func peer(_ app: String, sandbox: Sandbox = .none) throws -> Peer {
-        try Peer(app: app, in: directory, bus: bus, sandbox: sandbox)
+    func peer(_ app: String, sandbox: Sandbox = .none, program: Program = .testPeer) throws -> Peer {
+        try Peer(app: app, in: directory, bus: bus, sandbox: sandbox, program: program)
     }
 
     deinit {

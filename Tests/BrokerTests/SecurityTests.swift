@@ -139,8 +139,11 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(destination.run("items"),
                        #"OK [{"preferredHeight":200,"preferredWidth":320,"suggestedName":"hello.txt","typeIdentifiers":["text\/plain","text\/html"]},{"preferredHeight":0,"preferredWidth":0,"suggestedName":"more.txt","typeIdentifiers":["text\/plain"]}]"#)
 
-        // Another app calling AddItems on the session, over the raw wire.
+        // Another app that joined the session calling AddItems on it, over the raw wire.
         let probe = try BusProbe(address: world.bus.address)
+        XCTAssertEqual(probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "PresentToken") { m throws(BusError) in
+            try m.append(token)
+        }.errorName, "OK")
         let result = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "AddItems") { m throws(BusError) in
             try m.openContainer("a", ItemDescriptor.signature)
             try ItemDescriptor(suggestedName: "intruder", representations: [RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all)]).encode(to: m)
@@ -318,9 +321,10 @@ final class SecurityTests: XCTestCase {
         XCTAssertEqual(destination.run("present \(token)"), err(.notFound, "No live session has this token"))
     }
 
-    /// A restricted session is no object at all for another app: not among the manager's
-    /// children, no properties, no methods; an unrestricted one answers an operator of the
-    /// same user, and the source sees both.
+    /// A restricted session is no object at all for another app, an administrator's included:
+    /// not among the manager's children, no properties, no methods. An unrestricted one exists
+    /// for an administrator, whose Properties calls get the refusal its methods give a non-party.
+    /// The source sees both.
     func testRestrictedSessionsAreNoObjectForOtherApps() throws {
         let world = try World { Self.registry($0) }
         let source = try world.peer("source-app")
@@ -333,9 +337,10 @@ final class SecurityTests: XCTestCase {
                 try m.append("SourceApp")
             }
         }
-        XCTAssertEqual(sourceApp(open).errorName, "OK")
+        guard case .failure(let openError) = sourceApp(open) else { return XCTFail("a non-party read a session's source app") }
+        XCTAssertEqual(openError, BrokerError(.accessDenied, "Present the session token with PresentToken before using session s1").busError)
         guard case .failure(let error) = sourceApp(restricted) else { return XCTFail("a restricted session's source app was readable") }
-        XCTAssertEqual(error.name, "org.freedesktop.DBus.Error.UnknownProperty")
+        XCTAssertEqual(error, BrokerError(.notFound, "No live session at \(restricted): it ended or never existed").busError)
         let children = try probe.introspect(BrokerNames.busName, BrokerNames.managerPath + "/session")
         XCTAssertTrue(children.contains("<node name=\"s1\"/>"), children)
         XCTAssertFalse(children.contains("s2"), children)

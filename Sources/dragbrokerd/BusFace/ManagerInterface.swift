@@ -33,13 +33,28 @@ final class ManagerInterface {
                 ]),
                 properties: [
                     "Version": { m, _ throws(BusError) in try m.append(BrokerVersion.current) },
-                    "SessionCount": { [unowned self] m, _ throws(BusError) in try m.append(UInt32(registry.count)) },
+                    "SessionCount": { [unowned self] m, _ throws(BusError) in try m.append(UInt32(try sessionCount(for: m.destination))) },
                 ]))
     }
 
+    /// SessionCount is per caller, so a broadcast can only say that it changed (it is declared
+    /// to emit invalidation): each listener reads its own value again.
     func sessionCountChanged() {
         try? daemon.bus.emitPropertiesChanged(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
                                                properties: ["SessionCount"])
+    }
+
+    /// How many sessions ListSessions shows `caller`: the count must tell a caller no more than
+    /// the list would.
+    private func sessionCount(for caller: String?) throws(BusError) -> Int {
+        guard let caller else { throw BrokerError(.failed, "SessionCount is read per caller").busError }
+        let identity: AppIdentity
+        do {
+            identity = try daemon.identity(ofName: caller)
+        } catch {
+            throw error.busError
+        }
+        return registry.sessions.values.count { $0.mayBeInspected(by: identity) }
     }
 
     private func beginSession(_ call: MethodCall) throws {
@@ -63,9 +78,8 @@ final class ManagerInterface {
         try reply(call) { r throws(BusError) in try r.append(objectPath: session.path) }
     }
 
-    /// Restricted sessions are listed to their own app only. Others are listed to their own
-    /// app, to unsandboxed callers of the same user, and to root; a sandboxed app sees only
-    /// its own sessions.
+    /// The sessions the caller may inspect (`Session.mayBeInspected`): its own app's, and to an
+    /// administrator every one not restricted to another app.
     private func listSessions(_ call: MethodCall) throws {
         let caller = try daemon.identity(of: call)
         let sessions = registry.sessions.values
@@ -91,6 +105,9 @@ final class ManagerInterface {
         return (session, caller)
     }
 
+    /// The full view: every representation whatever its visibility, the destination and the
+    /// loads. Only for those who may inspect the session, so it shows them nothing that their
+    /// own app or their place outside any sandbox does not already entitle them to.
     private func describeSession(_ call: MethodCall) throws {
         let (session, _) = try inspectable(call)
         let destination = (session.dropDestination ?? session.current).flatMap { session.destinations[$0]?.identity.appID } ?? ""
@@ -151,9 +168,9 @@ final class ManagerInterface {
         try reply(call) { r throws(BusError) in try r.append(text) }
     }
 
-    /// Administrators: root or the user the daemon runs as, never from a sandbox.
+    /// Administrators as `Session.isAdministrator` defines them, the one definition every door uses.
     private func requireAdministrator(_ caller: AppIdentity, to action: String) throws(BrokerError) {
-        guard !caller.isSandboxed, caller.uid == 0 || caller.uid == getuid() else {
+        guard Session.isAdministrator(caller) else {
             throw .accessDenied("Only root or the user dragbrokerd runs as may \(action), from outside any sandbox")
         }
     }
@@ -163,7 +180,10 @@ final class ManagerInterface {
         let load = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
         let caller = try daemon.identity(of: call)
         try requireAdministrator(caller, to: "cancel another app's load")
-        guard let session = registry.session(id: id) else { throw BrokerError.notFound("No live session \(id)") }
+        // A session the administrator may not inspect (restricted to another app) is unknown here too.
+        guard let session = registry.session(id: id), session.mayBeInspected(by: caller) else {
+            throw BrokerError.notFound("No live session \(id)")
+        }
         try session.cancelLoad(load, by: caller, asAdministrator: true)
         try reply(call)
     }

@@ -4,14 +4,19 @@ import UniformTypes
 
 /// `org.dragbroker.Broker1.Session`, served for every session object under one prefix by one
 /// set of handlers: each finds its session from the object path in one dictionary probe.
-/// Session objects exist per caller: a restricted session is no object at all for another app,
-/// not in introspection, not in ObjectManager, not to call. Signals are unicast, so only the
-/// session's parties ever receive them.
+///
+/// Two rules, the same at every door. A session *exists* for its parties and for those who may
+/// inspect it (`Session.mayBeInspected`, as ListSessions decides): for anyone else it is no
+/// object at all, not in introspection, not in ObjectManager, and calling it answers as for a
+/// session that never existed. It is *used* by its parties alone: its methods and its
+/// properties (Get, GetAll, Set, and their values in GetManagedObjects) refuse anyone else
+/// with one error, before anything could reveal its state. Its signals, PropertiesChanged and
+/// ObjectManager's included, are unicast to its parties: a broadcast cannot tell who may know.
 final class SessionInterface {
     private unowned let daemon: Daemon
     private var subtree: ExportedSubtree?
     private var retired: Slot?
-    private var managedObjects: Slot?
+    private var managedObjects: [Slot] = []
     private var handlers: ObjectHandlers?
     private var registry: Registry { daemon.registry }
     private var bus: Bus { daemon.bus }
@@ -24,36 +29,53 @@ final class SessionInterface {
         subtree = try bus.exportSubtree(
             prefix: prefix, interface: BrokerInterfaces.session, template: implementation,
             find: { [unowned self] path, caller in
-                guard let session = registry.session(atPath: path), isAddressable(session, by: caller, identity(of: caller)) else {
+                guard let session = registry.session(atPath: path), exists(session, for: caller, identity(of: caller)) else {
                     return nil
                 }
                 return handlers
             },
             enumerate: { [unowned self] caller in
                 let identity = identity(of: caller)
-                return registry.sessions.values.filter { isListed($0, to: caller, identity) }.map(\.path).sorted()
+                return registry.sessions.values.filter { exists($0, for: caller, identity) }.map(\.path).sorted()
             })
         // sd-bus answers GetManagedObjects by asking every child's find callback and each
         // of its property getters one by one; at 10,000 sessions that walk alone outlasts the
-        // bench's 100 ms. The registry answers it in one pass, with the same contents.
-        managedObjects = try bus.addObjectFilter(path: BrokerNames.managerPath) { [unowned self] call in
-            guard call.message.interface == "org.freedesktop.DBus.ObjectManager", call.message.member == "GetManagedObjects" else {
-                return false
-            }
-            getManagedObjects(call)
-            return true
+        // bench's 100 ms. The registry answers it in one pass, with the same contents. The
+        // sessions' own parent answers the same, as sd-bus would for any path below the manager.
+        for path in [BrokerNames.managerPath, prefix] {
+            managedObjects.append(try bus.addObjectFilter(path: path) { [unowned self] call in
+                guard call.message.interface == "org.freedesktop.DBus.ObjectManager", call.message.member == "GetManagedObjects" else {
+                    return false
+                }
+                getManagedObjects(call)
+                return true
+            })
         }
         // A call on a session that ended, or that does not exist for the caller, gets a broker
-        // error, not sd-bus's UnknownObject.
+        // error, not sd-bus's UnknownObject; Properties calls from a non-party get the error
+        // its methods give, before sd-bus's own Properties handling could answer anything.
         retired = try bus.addFallback(prefix: prefix) { [unowned self] call in
-            guard call.message.interface == BrokerNames.sessionInterface, let path = call.message.path else { return false }
-            if let session = registry.session(atPath: path), isAddressable(session, by: call.sender, identity(of: call.sender)) {
+            let m = call.message
+            let isProperties = m.interface == Self.propertiesInterface
+            guard m.interface == BrokerNames.sessionInterface || isProperties, let path = m.path, path.hasPrefix(prefix + "/") else {
                 return false
             }
-            call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
-            return true
+            guard let session = registry.session(atPath: path), exists(session, for: call.sender, identity(of: call.sender)) else {
+                call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
+                return true
+            }
+            guard isProperties, !session.isParty(call.sender) else { return false }
+            do {
+                try session.requireParticipant(try daemon.identity(ofName: call.sender))
+                return false
+            } catch {
+                daemon.dispatcher.fail(call, error, action: m.member ?? "Properties", session: session, subject: nil)
+                return true
+            }
         }
     }
+
+    private static let propertiesInterface = "org.freedesktop.DBus.Properties"
 
     /// The identity of whoever sd-bus is serving, once per question however many sessions it
     /// covers; nil for our own emissions, or a caller that can no longer be identified.
@@ -61,18 +83,12 @@ final class SessionInterface {
         caller.flatMap { try? daemon.identity(ofName: $0) }
     }
 
-    /// Whether `caller` may address the session's object at all: a restricted session exists
-    /// only for its own app. Our own emissions have no caller.
-    private func isAddressable(_ session: Session, by caller: String?, _ identity: AppIdentity?) -> Bool {
-        guard session.options.restrictedToApp, caller != nil else { return true }
-        return identity?.isSameApp(as: session.source) == true
-    }
-
-    /// Whether the session's object shows among the manager's children for `caller`: to
-    /// its parties and to those who may inspect it, as ListSessions decides.
-    private func isListed(_ session: Session, to caller: String?, _ identity: AppIdentity?) -> Bool {
+    /// Whether the session's object exists for `caller`: for its parties and for those who may
+    /// inspect it, as ListSessions decides. Our own emissions have no caller. The identity is
+    /// looked up only for a non-party, so a party's calls (Update is hot) cost one probe.
+    private func exists(_ session: Session, for caller: String?, _ identity: @autoclosure () -> AppIdentity?) -> Bool {
         guard let caller else { return true }
-        return session.isParty(caller) || identity.map(session.mayBeInspected(by:)) == true
+        return session.isParty(caller) || identity().map(session.mayBeInspected(by:)) == true
     }
 
     // MARK: Members
@@ -82,8 +98,11 @@ final class SessionInterface {
         let atPath: (MethodCall) -> (session: Session?, subject: String?) = { [unowned self] call in
             (call.message.path.flatMap(registry.session(atPath:)), nil)
         }
-        func method(_ name: String, _ body: @escaping (SessionInterface, MethodCall, Session) throws -> Void) -> (String, InterfaceImplementation.MethodHandler) {
-            (name, dispatcher.serve(name, context: atPath) { [unowned self] call in try body(self, call, try session(of: call)) })
+        func method(_ name: String, _ body: @escaping (SessionInterface, MethodCall, Session, AppIdentity) throws -> Void) -> (String, InterfaceImplementation.MethodHandler) {
+            (name, dispatcher.serve(name, context: atPath) { [unowned self] call in
+                let (session, caller) = try party(of: call)
+                try body(self, call, session, caller)
+            })
         }
         func property(_ name: String, _ append: @escaping (Session, Message) throws(BusError) -> Void) -> (String, InterfaceImplementation.PropertyGetter) {
             (name, { [unowned self] reply, path throws(BusError) in
@@ -97,18 +116,21 @@ final class SessionInterface {
         }
         return InterfaceImplementation(
             methods: Dictionary(uniqueKeysWithValues: [
-                method("GetItems") { try $0.getItems($1, $2) },
-                method("ConformingItems") { try $0.conformingItems($1, $2) },
-                method("AddItems") { try $0.addItems($1, $2) },
-                method("Enter") { try $0.propose($1, $2, entering: true) },
-                method("Update") { try $0.propose($1, $2, entering: false) },
-                method("Exit") { try $0.exit($1, $2) },
-                method("PerformDrop") { try $0.performDrop($1, $2) },
-                ("Load", dispatcher.serve("Load", context: loadContext) { [unowned self] call in try load(call, try session(of: call)) }),
-                method("CancelLoad") { try $0.cancelLoad($1, $2) },
-                method("SetExpectedSize") { try $0.setExpectedSize($1, $2) },
-                method("Conclude") { try $0.conclude($1, $2) },
-                method("Cancel") { try $0.cancel($1, $2) },
+                method("GetItems") { try $0.getItems($1, $2, $3) },
+                method("ConformingItems") { try $0.conformingItems($1, $2, $3) },
+                method("AddItems") { try $0.addItems($1, $2, $3) },
+                method("Enter") { try $0.propose($1, $2, $3, entering: true) },
+                method("Update") { try $0.propose($1, $2, $3, entering: false) },
+                method("Exit") { try $0.exit($1, $2, $3) },
+                method("PerformDrop") { try $0.performDrop($1, $2, $3) },
+                ("Load", dispatcher.serve("Load", context: loadContext) { [unowned self] call in
+                    let (session, caller) = try party(of: call)
+                    try load(call, session, caller)
+                }),
+                method("CancelLoad") { try $0.cancelLoad($1, $2, $3) },
+                method("SetExpectedSize") { try $0.setExpectedSize($1, $2, $3) },
+                method("Conclude") { try $0.conclude($1, $2, $3) },
+                method("Cancel") { try $0.cancel($1, $2, $3) },
             ]),
             properties: Dictionary(uniqueKeysWithValues: Property.allCases.map { entry in
                 property(entry.name) { session, m throws(BusError) in try m.write { entry.append(session, to: &$0) } }
@@ -155,67 +177,45 @@ final class SessionInterface {
         }
     }
 
-    private func session(of call: MethodCall) throws(BrokerError) -> Session {
+    /// The session a method was called on and its caller, who must be one of its parties: every
+    /// method checks that first, so a non-party gets one answer whatever it asked and whatever
+    /// the session's state, never WrongState or an argument's error.
+    private func party(of call: MethodCall) throws(BrokerError) -> (Session, AppIdentity) {
         guard let path = call.message.path, let session = registry.session(atPath: path) else {
             throw .notFound("No live session at \(call.message.path ?? "?"): it ended or never existed")
         }
-        return session
+        let caller = try daemon.identity(of: call)
+        try session.requireParticipant(caller)
+        return (session, caller)
     }
 
-    /// Properties are for the session's parties and those who may inspect it (as ListSessions
-    /// decides); anyone else, and every other app for a restricted session, is refused.
+    /// Properties are the parties' alone, as the methods are. The fallback refuses anyone else
+    /// before sd-bus reaches a getter; this holds the rule for any other way sd-bus may ask.
     private func readable(_ session: Session, _ reply: Message, _ append: (Message) throws(BusError) -> Void) throws(BusError) {
-        guard let caller = reply.destination else { return try append(reply) }
-        let identity: AppIdentity
+        guard let caller = reply.destination, !session.isParty(caller) else { return try append(reply) }
         do {
-            identity = try daemon.identity(ofName: caller)
+            try session.requireParticipant(try daemon.identity(ofName: caller))
         } catch {
             throw error.busError
-        }
-        guard session.isParty(caller) || session.mayBeInspected(by: identity) else {
-            throw BrokerError.accessDenied("Session \(session.id)'s properties are for its parties").busError
         }
         try append(reply)
     }
 
     /// `org.freedesktop.DBus.ObjectManager.GetManagedObjects` on the manager path: every
-    /// session the caller may see, with the standard interfaces sd-bus lists for each object
-    /// and the session's properties, as sd-bus's own walk would answer.
+    /// session that exists for the caller, with the standard interfaces sd-bus lists for each
+    /// object, and the session's properties for the sessions it is a party to (as Properties
+    /// answers it); for the others, the interface without them.
     private func getManagedObjects(_ call: MethodCall) {
         let caller = call.sender
         let identity = identity(of: caller)
         do {
             try reply(call) { r throws(BusError) in
-                let properties = Property.allCases
                 try r.write { w in
                     w.open("a", "{oa{sa{sv}}}")
-                    for session in registry.sessions.values
-                    where isListed(session, to: caller, identity) && isAddressable(session, by: caller, identity) {
+                    for session in registry.sessions.values where exists(session, for: caller, identity) {
                         w.open("e", "oa{sa{sv}}")
                         w.append(objectPath: session.path)
-                        w.open("a", "{sa{sv}}")
-                        // sd-bus lists the standard interfaces of every object, each without properties.
-                        for standard in ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties"] {
-                            w.open("e", "sa{sv}")
-                            w.append(standard)
-                            w.open("a", "{sv}")
-                            w.close()
-                            w.close()
-                        }
-                        w.open("e", "sa{sv}")
-                        w.append(BrokerNames.sessionInterface)
-                        w.open("a", "{sv}")
-                        for property in properties {
-                            w.open("e", "sv")
-                            w.append(property.name)
-                            w.open("v", property.signature)
-                            property.append(session, to: &w)
-                            w.close()
-                            w.close()
-                        }
-                        w.close()
-                        w.close()
-                        w.close()
+                        Self.writeInterfaces(of: session, withProperties: session.isParty(caller), to: &w)
                         w.close()
                     }
                     w.close()
@@ -226,11 +226,43 @@ final class SessionInterface {
         }
     }
 
+    /// The `a{sa{sv}}` of one session object, as ObjectManager lists it.
+    private static func writeInterfaces(of session: Session, withProperties: Bool, to w: inout MessageWriter) {
+        w.open("a", "{sa{sv}}")
+        // sd-bus lists the standard interfaces of every object, each without properties.
+        for standard in standardInterfaces {
+            w.open("e", "sa{sv}")
+            w.append(standard)
+            w.open("a", "{sv}")
+            w.close()
+            w.close()
+        }
+        w.open("e", "sa{sv}")
+        w.append(BrokerNames.sessionInterface)
+        writeProperties(of: session, withProperties ? Property.allCases : [], to: &w)
+        w.close()
+        w.close()
+    }
+
+    private static let standardInterfaces = ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", propertiesInterface]
+
+    /// An `a{sv}` of the given properties' current values.
+    private static func writeProperties(of session: Session, _ properties: [Property], to w: inout MessageWriter) {
+        w.open("a", "{sv}")
+        for property in properties {
+            w.open("e", "sv")
+            w.append(property.name)
+            w.open("v", property.signature)
+            property.append(session, to: &w)
+            w.close()
+            w.close()
+        }
+        w.close()
+    }
+
     // MARK: Methods
 
-    private func getItems(_ call: MethodCall, _ session: Session) throws {
-        let caller = try daemon.identity(of: call)
-        try session.requireParticipant(caller)
+    private func getItems(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let items = session.visibleItems(for: caller, flow: registry.flow)
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", VisibleItem.signature)
@@ -241,15 +273,13 @@ final class SessionInterface {
 
     /// "hasItemsConforming": which items (as the caller numbers them) have a representation
     /// it can see that conforms to a MIME type, a wildcard or a UTI.
-    private func conformingItems(_ call: MethodCall, _ session: Session) throws {
+    private func conformingItems(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let pattern = try argument("type") { () throws(BusError) in try call.message.readString() }
         do {
             try MimeDatabase.validatePattern(pattern)
         } catch {
             throw BrokerError.invalidArgument(error.message)
         }
-        let caller = try daemon.identity(of: call)
-        try session.requireParticipant(caller)
         let types = registry.types
         let matching = session.visibleItems(for: caller, flow: registry.flow).enumerated().compactMap { viewIndex, entry -> UInt32? in
             entry.item.typeIdentifiers.contains { type in
@@ -263,42 +293,37 @@ final class SessionInterface {
         }
     }
 
-    private func addItems(_ call: MethodCall, _ session: Session) throws {
+    private func addItems(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let limits = registry.limits
         let items = try Items.normalize(try readItems(call.message, limit: limits.itemsPerSession), limits: limits)
-        let caller = try daemon.identity(of: call)
         try session.addItems(items, by: caller, limit: limits.itemsPerSession, flow: registry.flow)
         try reply(call)
     }
 
-    private func propose(_ call: MethodCall, _ session: Session, entering: Bool) throws {
+    private func propose(_ call: MethodCall, _ session: Session, _ caller: AppIdentity, entering: Bool) throws {
         let name = try argument("proposal") { () throws(BusError) in try call.message.readString() }
         guard let proposal = DropOperation(rawValue: name) else {
             throw BrokerError.invalidArgument("Unknown proposal '\(name)': expected cancel, forbidden, copy or move")
         }
-        let caller = try daemon.identity(of: call)
         let allowed = try session.propose(proposal, by: caller, entering: entering, flow: registry.flow)
         try reply(call) { r throws(BusError) in try r.append(allowed.rawValue) }
     }
 
-    private func exit(_ call: MethodCall, _ session: Session) throws {
-        let caller = try daemon.identity(of: call)
+    private func exit(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         try session.exit(by: caller)
         try reply(call)
     }
 
-    private func performDrop(_ call: MethodCall, _ session: Session) throws {
-        let caller = try daemon.identity(of: call)
+    private func performDrop(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let operation = try session.performDrop(by: caller)
         try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
     }
 
     /// Data loads answer at once with a pipe; file loads once the source has handed the file
     /// over, so this call may be answered later, from a provider reply.
-    private func load(_ call: MethodCall, _ session: Session) throws {
+    private func load(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
-        let caller = try daemon.identity(of: call)
         let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: daemon.loadRules)
         let load = Load(request)
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
@@ -323,30 +348,25 @@ final class SessionInterface {
         session.track(load)
     }
 
-    private func cancelLoad(_ call: MethodCall, _ session: Session) throws {
+    private func cancelLoad(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let id = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
-        let caller = try daemon.identity(of: call)
-        try session.requireParticipant(caller)
         try session.cancelLoad(id, by: caller)
         try reply(call)
     }
 
-    private func setExpectedSize(_ call: MethodCall, _ session: Session) throws {
+    private func setExpectedSize(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let id = try argument("load") { () throws(BusError) in try call.message.readUInt32() }
         let size = try argument("size") { () throws(BusError) in try call.message.readUInt64() }
-        let caller = try daemon.identity(of: call)
         try session.setExpectedSize(size, load: id, by: caller)
         try reply(call)
     }
 
-    private func conclude(_ call: MethodCall, _ session: Session) throws {
-        let caller = try daemon.identity(of: call)
+    private func conclude(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         try session.conclude(by: caller)
         try reply(call)
     }
 
-    private func cancel(_ call: MethodCall, _ session: Session) throws {
-        let caller = try daemon.identity(of: call)
+    private func cancel(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         try session.cancel(by: caller)
         try reply(call)
     }
@@ -356,16 +376,15 @@ final class SessionInterface {
     func publish(_ session: Session, _ event: SessionEvent) {
         switch event {
         case .began:
-            // ObjectManager signals are broadcast: a restricted session must not announce itself.
-            if announces(session) { try? bus.emitObjectAdded(path: session.path) }
+            interfacesAdded(session)
         case .itemsAdded:
-            propertiesChanged(session, ["ItemCount"])
+            propertiesChanged(session, [.itemCount])
         case .dropped:
-            propertiesChanged(session, ["State", "Operation"])
+            propertiesChanged(session, [.state, .operation])
             let operation = session.operation.rawValue
             emit(session, "WillEnd", to: session.source.uniqueName) { m throws(BusError) in try m.append(operation) }
         case .concluded:
-            propertiesChanged(session, ["State", "Operation"])
+            propertiesChanged(session, [.state, .operation])
             emitEnded(session, error: nil)
         case .loadProgressed(let load), .loadSizeAnnounced(let load):
             emitLoadProgress(session, load)
@@ -379,23 +398,49 @@ final class SessionInterface {
                     try m.append(error?.message ?? "")
                 }
             }
-            propertiesChanged(session, ["Progress"])
+            propertiesChanged(session, [.progress])
         case .transferFinished:
             emit(session, "TransferFinished", to: session.source.uniqueName)
         case .ended(_, let error):
             if session.state != .concluded { emitEnded(session, error: error) }
-            if announces(session) { try? bus.emitObjectRemoved(path: session.path) }
+            interfacesRemoved(session)
         case .proposed, .exited, .flowDenied, .loadStarted:
             break
         }
     }
 
-    /// PropertiesChanged is broadcast, so a restricted session keeps its changes to itself.
-    private func announces(_ session: Session) -> Bool { !session.options.restrictedToApp }
+    /// The values, to each party: sd-bus's own PropertiesChanged would be a broadcast, heard by
+    /// every app on the bus whether or not the session exists for it.
+    private func propertiesChanged(_ session: Session, _ properties: [Property]) {
+        for party in parties(session) {
+            emit(session, Self.propertiesInterface, "PropertiesChanged", to: party) { m throws(BusError) in
+                try m.append(BrokerNames.sessionInterface)
+                try m.write { w in Self.writeProperties(of: session, properties, to: &w) }
+                try m.openContainer("a", "s")
+                try m.closeContainer()
+            }
+        }
+    }
 
-    private func propertiesChanged(_ session: Session, _ names: [String]) {
-        guard announces(session) else { return }
-        try? bus.emitPropertiesChanged(path: session.path, interface: BrokerNames.sessionInterface, properties: names)
+    /// ObjectManager's InterfacesAdded, to the source (the only party yet), for the same reason.
+    private func interfacesAdded(_ session: Session) {
+        emit(session, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded", to: session.source.uniqueName,
+             from: BrokerNames.managerPath) { m throws(BusError) in
+            try m.append(objectPath: session.path)
+            try m.write { w in Self.writeInterfaces(of: session, withProperties: true, to: &w) }
+        }
+    }
+
+    private func interfacesRemoved(_ session: Session) {
+        for party in parties(session) {
+            emit(session, "org.freedesktop.DBus.ObjectManager", "InterfacesRemoved", to: party,
+                 from: BrokerNames.managerPath) { m throws(BusError) in
+                try m.append(objectPath: session.path)
+                try m.openContainer("a", "s")
+                for interface in Self.standardInterfaces + [BrokerNames.sessionInterface] { try m.append(interface) }
+                try m.closeContainer()
+            }
+        }
     }
 
     /// Those who hear the session's signals: the source, then the destinations, less any that left.
@@ -405,8 +450,13 @@ final class SessionInterface {
     }
 
     private func emit(_ session: Session, _ member: String, to destination: String, _ build: (Message) throws(BusError) -> Void = { _ in }) {
+        emit(session, BrokerNames.sessionInterface, member, to: destination, build)
+    }
+
+    private func emit(_ session: Session, _ interface: String, _ member: String, to destination: String, from path: String? = nil,
+                      _ build: (Message) throws(BusError) -> Void = { _ in }) {
         do {
-            try bus.emitSignal(path: session.path, interface: BrokerNames.sessionInterface, member: member,
+            try bus.emitSignal(path: path ?? session.path, interface: interface, member: member,
                                destination: destination, build)
         } catch {
             daemon.logger.warning("Failed to emit \(member) to \(destination): \(error), ignoring")
@@ -436,6 +486,6 @@ final class SessionInterface {
                 try m.append(expected)
             }
         }
-        propertiesChanged(session, ["Progress"])
+        propertiesChanged(session, [.progress])
     }
 }

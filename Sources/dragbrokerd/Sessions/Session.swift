@@ -121,12 +121,19 @@ final class Session {
         !options.restrictedToApp || identity.isSameApp(as: source)
     }
 
-    /// Restricted sessions are known to their own app only. Others to their own app, to
-    /// unsandboxed callers of the source's user, and to root; a sandbox sees only its own.
+    /// Who may know of the session without taking part in it, at every door that shows it
+    /// (ListSessions, SessionCount, DescribeSession, Monitor, the object tree): its own app,
+    /// and administrators. A restricted session stays its own app's alone, administrators
+    /// included: the app asked that no other app see it, and an operator's tool is another app.
     func mayBeInspected(by caller: AppIdentity) -> Bool {
-        if caller.isSameApp(as: source) { return true }
-        guard isVisible(to: caller), !caller.isSandboxed else { return false }
-        return caller.uid == source.uid || caller.uid == 0
+        caller.isSameApp(as: source) || (isVisible(to: caller) && Self.isAdministrator(caller))
+    }
+
+    /// Root, or the user the daemon runs as, from outside any sandbox. Unsandboxed processes of
+    /// one user can already read each other's memory (ptrace, /proc/PID/mem), so hiding a drag
+    /// from them would protect nothing; the sandbox is the boundary the broker can keep.
+    static func isAdministrator(_ caller: AppIdentity) -> Bool {
+        !caller.isSandboxed && (caller.uid == 0 || caller.uid == getuid())
     }
 
     /// The source and every destination that presented the token.
