@@ -251,3 +251,83 @@ public final class DropSession: Sendable {
         return loads.withLock { $0.needsSignals }
     }
 }
+
+extension DropSession {
+    /// `canLoadObjects(ofClass:)`: whether some item has a representation this app may see
+    /// that conforms to one of `type`'s readable identifiers, by the broker's conformance
+    /// rules. Answered before the drop.
+    public func canLoadObjects<T: ItemProviderReading>(ofType type: T.Type) async throws(BrokerError) -> Bool {
+        for identifier in T.readableTypeIdentifiers where try await hasItems(conformingTo: identifier) {
+            return true
+        }
+        return false
+    }
+
+    /// `loadObjects(ofClass:)`: after the drop, one value per item that `type` can read, in
+    /// item order. An item with no visible representation `type` reads is skipped, so the
+    /// result may be shorter than `items()` and its indices are not item numbers. Each item's
+    /// best readable representation is loaded, one item after another; if a load fails, or
+    /// its bytes do not make a value, the call throws, and the temporary files made for the
+    /// values before it are removed.
+    public func loadObjects<T: ItemProviderReading>(ofType type: T.Type) async throws(BrokerError) -> [T] {
+        let visible = try await items()
+        var conforming: [[Int]] = []
+        for identifier in T.readableTypeIdentifiers {
+            conforming.append(try await items(conformingTo: identifier))
+        }
+        let chosen = ObjectSelection.representations(readable: T.readableTypeIdentifiers, conforming: conforming, items: visible)
+        var objects: [T] = []
+        var files: [URL] = []
+        do {
+            for (index, item) in visible.enumerated() {
+                guard let typeIdentifier = chosen[index] else { continue }
+                objects.append(try await loadObject(T.self, item: index, typeIdentifier: typeIdentifier,
+                                                    suggestedName: item.suggestedName, files: &files))
+            }
+        } catch {
+            // The caller never gets those values, so nothing else would ever remove their files.
+            files.forEach(TemporaryItemFile.remove)
+            throw error
+        }
+        return objects
+    }
+
+    /// Loads one item as `type`. A temporary file it makes is added to `files` at once, so a
+    /// failure at any later step leaves it for `loadObjects` to remove.
+    private func loadObject<T: ItemProviderReading>(_ type: T.Type, item: Int, typeIdentifier: String, suggestedName: String,
+                                                   files: inout [URL]) async throws(BrokerError) -> T {
+        func make(_ body: () throws -> T) throws(BrokerError) -> T {
+            do {
+                return try body()
+            } catch let error as BrokerError {
+                throw error
+            } catch {
+                throw BrokerError(.failed, "Item \(item)'s '\(typeIdentifier)' does not make a \(T.self): \(error)")
+            }
+        }
+        switch T.readingDelivery {
+        case .data:
+            let data = try await loadData(item: item, typeIdentifier: typeIdentifier)
+            return try make { try T.object(withItemProviderData: data, typeIdentifier: typeIdentifier) }
+        case .temporaryFile:
+            let url: URL, file: FileDescriptor
+            do {
+                url = try TemporaryItemFile.makeURL(suggestedName: suggestedName)
+            } catch {
+                throw BrokerError(.failed, "Failed to create a temporary directory for item \(item): \(error)")
+            }
+            files.append(url)
+            do {
+                file = try FileDescriptor.open(url.path, .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec],
+                                               permissions: [.ownerReadWrite])
+            } catch {
+                throw BrokerError(.failed, "Failed to create the temporary file \(url.path) for item \(item): \(error)")
+            }
+            do {
+                defer { file.closeQuietly() }
+                _ = try await load(item: item, typeIdentifier: typeIdentifier, into: file)
+            }
+            return try make { try T.object(withTemporaryFile: url, typeIdentifier: typeIdentifier) }
+        }
+    }
+}

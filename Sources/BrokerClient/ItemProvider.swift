@@ -82,3 +82,25 @@ public struct DragItem: Sendable {
         self.localObject = localObject
     }
 }
+
+extension ItemProvider {
+    /// A provider for one value, named as the value suggests (a file URL by its file name).
+    public convenience init(object: some ItemProviderWriting, visibility: Visibility = .all) {
+        self.init(suggestedName: object.suggestedName)
+        registerObject(object, visibility: visibility)
+    }
+
+    /// Registers every representation `object` writes, in its order, after any registered
+    /// before. Nothing is produced until a destination loads one of them.
+    public func registerObject(_ object: some ItemProviderWriting, visibility: Visibility = .all) {
+        for typeIdentifier in object.writableTypeIdentifiers {
+            let provision = object.itemRepresentation(forTypeIdentifier: typeIdentifier).provision
+            let kind: RepresentationKind
+            switch provision {
+            case .data, .stream: kind = .data
+            case .file: kind = .file
+            }
+            register(typeIdentifier, visibility, kind, provision)
+        }
+    }
+}

@@ -188,6 +188,75 @@ final class Peer: Sendable {
                 return try await stress(tasks: Int(args[0])!, rounds: Int(args[1])!, item: Int(args[2])!, type: args[3])
             case "churn":
                 return try await churn(Int(args[0])!)
+            // Typed objects. `beginobjects` takes [{"string": …} | {"data": base64} | {"file": name,
+            // "text": …} (a file written for the drag) | {"url": …}], each with an optional
+            // "visibility"; `canload` and `loadobjects` take String, Data or URL. Loaded URLs print
+            // as their file's name and contents, and whether it is a temporary file, then go.
+            case "beginobjects", "canload", "loadobjects":
+                struct ObjectSpec: Decodable {
+                    var string: String?
+                    var data: String?
+                    var file: String?
+                    var text: String?
+                    var url: String?
+                    var visibility: Visibility?
+                }
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+                switch (command, rest) {
+                case ("beginobjects", _):
+                    var items: [DragItem] = []
+                    for spec in try JSONDecoder().decode([ObjectSpec].self, from: Data(rest.utf8)) {
+                        let visibility = spec.visibility ?? .all
+                        if let string = spec.string {
+                            items.append(DragItem(itemProvider: ItemProvider(object: string, visibility: visibility)))
+                        } else if let base64 = spec.data, let data = Data(base64Encoded: base64) {
+                            items.append(DragItem(itemProvider: ItemProvider(object: data, visibility: visibility)))
+                        } else if let name = spec.file {
+                            let directory = FileManager.default.temporaryDirectory
+                                .appendingPathComponent("testpeer-\(getpid())/\(UUID().uuidString)")
+                            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+                            let file = directory.appendingPathComponent(name)
+                            try Data((spec.text ?? "").utf8).write(to: file)
+                            items.append(DragItem(itemProvider: ItemProvider(object: file, visibility: visibility)))
+                        } else if let link = spec.url, let url = URL(string: link) {
+                            items.append(DragItem(itemProvider: ItemProvider(object: url, visibility: visibility)))
+                        } else {
+                            throw BrokerError(.invalidArgument, "peer: an object needs string, data, file or url")
+                        }
+                    }
+                    let session = try await connection.beginDrag(items: items)
+                    drags.withLock { $0.append(session) }
+                    Task {
+                        // loadRequested lines say which representation each object load chose.
+                        for await event in session.events {
+                            if case .loadProgress = event { continue }
+                            emit("EVENT \(describe(event))")
+                        }
+                    }
+                    return "OK \(session.token) \(session.path)"
+                case ("canload", "String"): return "OK \(try await lastDrop().canLoadObjects(ofType: String.self))"
+                case ("canload", "Data"): return "OK \(try await lastDrop().canLoadObjects(ofType: Data.self))"
+                case ("canload", "URL"): return "OK \(try await lastDrop().canLoadObjects(ofType: URL.self))"
+                case ("loadobjects", "String"):
+                    let strings = try await lastDrop().loadObjects(ofType: String.self)
+                    return "OK " + String(decoding: try encoder.encode(strings), as: UTF8.self)
+                case ("loadobjects", "Data"):
+                    let data = try await lastDrop().loadObjects(ofType: Data.self)
+                    return "OK " + String(decoding: try encoder.encode(data.map { $0.base64EncodedString() }), as: UTF8.self)
+                case ("loadobjects", "URL"):
+                    var files: [[String: String]] = []
+                    for url in try await lastDrop().loadObjects(ofType: URL.self) {
+                        let directory = url.deletingLastPathComponent()
+                        let temporary = directory.deletingLastPathComponent().standardizedFileURL.path
+                            == FileManager.default.temporaryDirectory.standardizedFileURL.path
+                        files.append(["name": url.lastPathComponent, "contents": try Data(contentsOf: url).base64EncodedString(),
+                                      "temporary": String(temporary)])
+                        try FileManager.default.removeItem(at: directory)
+                    }
+                    return "OK " + String(decoding: try encoder.encode(files), as: UTF8.self)
+                default: return "ERR usage \(command) takes String, Data or URL"
+                }
             default: return "ERR usage unknown command \(command)"
             }
         } catch {
