@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "BrokerClient", targets: ["BrokerClient"]),
         .library(name: "BrokerProtocol", targets: ["BrokerProtocol"]),
+        .library(name: "BrokerGTK", targets: ["BrokerGTK"]),
         .executable(name: "dragbrokerd", targets: ["dragbrokerd"]),
         .executable(name: "dragctl", targets: ["dragctl"]),
     ],
@@ -23,6 +24,12 @@ let package = Package(
             name: "CSystemd",
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
+        ),
+        // GTK 4, for BrokerGTK only: the toolkit drag carries the token, the broker the rest.
+        .systemLibrary(
+            name: "CGtk",
+            pkgConfig: "gtk4",
+            providers: [.apt(["libgtk-4-dev"])]
         ),
         // Linux calls Swift cannot reach directly (variadic fcntl, splice, pidfd_open, …).
         .systemLibrary(name: "CLinux"),
@@ -65,14 +72,19 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(
+            name: "BrokerGTK",
+            dependencies: ["BrokerClient", "BrokerProtocol", "CGtk", "UniformTypes", "SystemCalls",
+                           .product(name: "SystemPackage", package: "swift-system")]
+        ),
         .executableTarget(
             name: "dragbroker-demo-source",
-            dependencies: ["BrokerClient"],
+            dependencies: ["BrokerClient", "BrokerGTK", "CGtk"],
             path: "Sources/Examples/DemoSource"
         ),
         .executableTarget(
             name: "dragbroker-demo-target",
-            dependencies: ["BrokerClient"],
+            dependencies: ["BrokerClient", "BrokerGTK", "CGtk"],
             path: "Sources/Examples/DemoTarget"
         ),
         // A scriptable peer the end-to-end tests run as separate processes.

@@ -1,46 +1,75 @@
-// An example drag source, after the iOS drag-and-drop samples: it offers a picture, rendered
-// as PNG only when a destination that performed the drop asks for it, and its caption.
+// An example drag source, after the iOS drag-and-drop samples: a window showing a picture and
+// its caption. Drag the picture: the PNG is rendered only when a destination that performed
+// the drop asks for it; the caption goes along as text.
 import BrokerClient
-import BrokerProtocol
+import BrokerGTK
+import CGtk
 import Foundation
 
 let caption = "Sunset over the harbour"
+let image = PNG.gradient(width: 640, height: 480)
 
-let picture = ItemProvider(suggestedName: "sunset.png", preferredPresentationSize: (640, 480))
-// Team visibility: only apps of our own team (the administrator's registry says which)
-// may even see that a PNG is on offer.
-picture.registerDataRepresentation(forTypeIdentifier: "public.png", visibility: .team) {
-    print("source: rendering the PNG now, because the destination asked for it")
-    return PNG.gradient(width: 640, height: 480)
-}
-picture.registerDataRepresentation(forTypeIdentifier: "text/plain;charset=utf-8", visibility: .all) {
-    print("source: providing the caption")
-    return Data(caption.utf8)
-}
-
-do {
-    let broker = try await BrokerConnection.connect()
-    let session = try await broker.beginDrag(items: [DragItem(itemProvider: picture, localObject: caption)])
-    print("source: began a drag of sunset.png (\(session.path))")
-    // The windowing system would carry this token to whichever app the user drops on.
-    print("TOKEN \(session.token)")
+func say(_ line: String) {
+    print("source: \(line)")
     fflush(nil)
-    for await event in session.events {
-        switch event {
-        case .loadRequested(_, let item, let type): print("source: destination requested item \(item) as \(type)")
-        case .loadProgress: break
-        case .loadFinished(let load, let bytes, nil): print("source: load \(load) delivered \(bytes) bytes")
-        case .loadFinished(let load, _, let error?): print("source: load \(load) failed: \(error)")
-        case .willEnd(let operation): print("source: the drop was performed: \(operation.rawValue)")
-        case .ended(let operation, nil): print("source: the session ended with \(operation.rawValue)")
-        case .ended(let operation, let error?): print("source: the session ended with \(operation.rawValue): \(error)")
-        case .transferFinished: print("source: every transfer finished")
-        }
-        fflush(nil)
+}
+
+func pictureItem() -> DragItem {
+    let picture = ItemProvider(suggestedName: "sunset.png", preferredPresentationSize: (640, 480))
+    // Team visibility: only apps of our own team (the administrator's registry says which)
+    // may even see that a PNG is on offer.
+    picture.registerDataRepresentation(forTypeIdentifier: "public.png", visibility: .team) {
+        say("rendering the PNG now, because the destination asked for it")
+        return image
     }
-} catch {
-    print("source: \(error)")
-    exit(1)
+    picture.registerDataRepresentation(forTypeIdentifier: "text/plain;charset=utf-8", visibility: .all) {
+        say("providing the caption")
+        return Data(caption.utf8)
+    }
+    return DragItem(itemProvider: picture, localObject: caption)
+}
+
+gtk_init()
+// GTK's main loop runs the main actor; the window appears once the broker is reached.
+Task { @MainActor in
+    let broker: BrokerConnection
+    do {
+        broker = try await BrokerConnection.connect()
+    } catch {
+        say("\(error)")
+        exit(1)
+    }
+    showWindow(broker)
+}
+@MainActor func showWindow(_ broker: BrokerConnection) {
+    let window = gtk_window_new()!
+    gtk_window_set_title(GtkCast.window(window), "dragbroker demo: source")
+    gtk_window_set_default_size(GtkCast.window(window), 340, 300)
+    let column = gtk_box_new(GTK_ORIENTATION_VERTICAL, 8)!
+    gtk_window_set_child(GtkCast.window(window), column)
+    let bytes = image.withUnsafeBytes { g_bytes_new($0.baseAddress, gsize($0.count)) }
+    let texture = gdk_texture_new_from_bytes(bytes, nil)
+    let picture = gtk_picture_new_for_paintable(texture)!
+    gtk_widget_set_size_request(picture, 320, 240)
+    gtk_box_append(GtkCast.box(column), picture)
+    gtk_box_append(GtkCast.box(column), gtk_label_new(caption))
+
+    let source = DragSourceController(widget: picture, connection: broker) { [pictureItem()] }
+    source.onError = { say("could not begin a drag: \($0)") }
+    source.onEvent = { event in
+        switch event {
+        case .loadRequested(_, let item, let type): say("destination requested item \(item) as \(type)")
+        case .loadProgress: break
+        case .loadFinished(let load, let bytes, nil): say("load \(load) delivered \(bytes) bytes")
+        case .loadFinished(let load, _, let error?): say("load \(load) failed: \(error)")
+        case .willEnd(let operation): say("the drop was performed: \(operation.rawValue)")
+        case .ended(let operation, nil): say("the session ended with \(operation.rawValue)")
+        case .ended(let operation, let error?): say("the session ended with \(operation.rawValue): \(error)")
+        case .transferFinished: say("every transfer finished")
+        }
+    }
+    gtk_window_present(GtkCast.window(window))
+    say("showing sunset.png; drag the picture")
 }
 
 /// Just enough PNG to make a real image file: 8-bit RGB, stored (uncompressed) deflate.
@@ -91,3 +120,5 @@ enum PNG {
         return ~crc
     }
 }
+
+GtkMainActor.run()

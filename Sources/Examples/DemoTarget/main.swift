@@ -1,48 +1,116 @@
-// An example drop target: it accepts only images, and saves what it receives.
+// An example drop target: a window that accepts only images. While a drag is over it, it shows
+// the broker's answer; on a drop it shows a placeholder with a progress bar for each image,
+// then the image itself, and saves what it received.
 import BrokerClient
-import BrokerProtocol
+import BrokerGTK
+import CGtk
 import Foundation
 
 let arguments = CommandLine.arguments
-guard arguments.count == 3 else {
-    print("usage: dragbroker-demo-target TOKEN OUTPUT-DIRECTORY")
+guard arguments.count == 2 else {
+    print("usage: dragbroker-demo-target OUTPUT-DIRECTORY")
     exit(2)
 }
-let (token, outputDirectory) = (arguments[1], arguments[2])
+let outputDirectory = URL(fileURLWithPath: arguments[1])
 
-do {
-    let broker = try await BrokerConnection.connect()
-    let drop = try await broker.presentToken(token)
-    let items = try await drop.items()
-    print("target: the drag carries \(items.count) item(s)")
-    for (index, item) in items.enumerated() {
-        print("target:   item \(index): \"\(item.suggestedName)\" \(Int(item.preferredWidth))x\(Int(item.preferredHeight)), types visible to me: \(item.typeIdentifiers.joined(separator: ", "))")
-    }
-    // canHandle: we take images only, and ask the broker before any data moves.
-    let images = try await drop.items(conformingTo: "public.image")
-    guard let index = images.first, let type = items[index].typeIdentifiers.first(where: { $0.hasPrefix("image/") }) else {
-        _ = try await drop.enter(proposing: .forbidden)
-        print("target: nothing here is an image I may see: the drop is forbidden")
+func say(_ line: String) {
+    print("target: \(line)")
+    fflush(nil)
+}
+
+gtk_init()
+// GTK's main loop runs the main actor; the window appears once the broker is reached.
+Task { @MainActor in
+    let broker: BrokerConnection
+    do {
+        broker = try await BrokerConnection.connect()
+    } catch {
+        say("\(error)")
         exit(1)
     }
-    let allowed = try await drop.enter(proposing: .copy)
-    print("target: proposed copy, the broker allows \(allowed.rawValue)")
-    let operation = try await drop.performDrop()
-    print("target: performed the drop (\(operation.rawValue)); loading item \(index) as \(type)")
-    let data = try await drop.loadData(item: index, typeIdentifier: type) { bytes, expected in
-        // A placeholder's progress bar, as a collection view would show it.
-        let fraction = expected.map { Double(bytes) / Double(max($0, 1)) } ?? 0
-        let bar = String(repeating: "#", count: Int(fraction * 20)).padding(toLength: 20, withPad: "-", startingAt: 0)
-        print("target: loading [\(bar)] \(bytes) of \(expected.map(String.init) ?? "?") bytes")
-    }
-    let name = items[index].suggestedName.isEmpty ? "dropped" : items[index].suggestedName
-    let file = URL(fileURLWithPath: outputDirectory).appendingPathComponent(name)
-    try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true)
-    try data.write(to: file)
-    let magic = data.prefix(8).map { String(format: "%02x", $0) }.joined(separator: " ")
-    print("target: received \(data.count) bytes (\(magic) …), saved to \(file.path)")
-    try await drop.conclude()
-} catch {
-    print("target: \(error)")
-    exit(1)
+    showWindow(broker)
 }
+@MainActor func showWindow(_ broker: BrokerConnection) {
+    let window = gtk_window_new()!
+    gtk_window_set_title(GtkCast.window(window), "dragbroker demo: target")
+    gtk_window_set_default_size(GtkCast.window(window), 340, 300)
+    let column = gtk_box_new(GTK_ORIENTATION_VERTICAL, 8)!
+    gtk_widget_set_size_request(column, 340, 300)
+    gtk_window_set_child(GtkCast.window(window), column)
+    let hint = gtk_label_new("Drop images here")!
+    gtk_box_append(GtkCast.box(column), hint)
+
+    var placeholders: [Int: Placeholder] = [:]
+    // canHandle: images only; anything else shows the drop as refused.
+    let target = DropTargetController(widget: column, connection: broker, acceptedTypes: ["public.image"])
+    target.onProposal = { operation in
+        switch operation {
+        case .copy, .move:
+            say("the broker allows \(operation.rawValue)")
+            gtk_label_set_text(OpaquePointer(hint), "Release to \(operation.rawValue) the image")
+        case .forbidden:
+            say("nothing here is an image I may see: the drop is refused")
+            gtk_label_set_text(OpaquePointer(hint), "No image I may take")
+        case .cancel:
+            gtk_label_set_text(OpaquePointer(hint), "Drop images here")
+        }
+    }
+    target.onItemsIncoming = { items in
+        say("performed the drop; loading \(items.map { "item \($0.index) as \($0.typeIdentifier)" }.joined(separator: ", "))")
+        for item in items { placeholders[item.index] = Placeholder(name: item.suggestedName, in: column) }
+    }
+    target.onItemProgress = { item, bytes, expected in
+        let fraction = expected.map { Double(bytes) / Double(max($0, 1)) } ?? 0
+        placeholders[item.index]?.progress(fraction)
+        let bar = String(repeating: "#", count: Int(fraction * 20)).padding(toLength: 20, withPad: "-", startingAt: 0)
+        say("loading [\(bar)] \(bytes) of \(expected.map(String.init) ?? "?") bytes")
+    }
+    target.onItemLoaded = { item, result in
+        switch result {
+        case .success(let data):
+            placeholders[item.index]?.show(data)
+            let name = item.suggestedName.isEmpty ? "dropped" : item.suggestedName
+            let file = outputDirectory.appendingPathComponent(name)
+            try? FileManager.default.createDirectory(at: outputDirectory, withIntermediateDirectories: true)
+            try? Data(data).write(to: file)
+            let magic = data.prefix(8).map { String(format: "%02x", $0) }.joined(separator: " ")
+            say("received \(data.count) bytes (\(magic) …), saved to \(file.path)")
+        case .failure(let error):
+            say("item \(item.index) did not arrive: \(error)")
+        }
+    }
+    target.onDropEnded = { operation, error in
+        gtk_label_set_text(OpaquePointer(hint), "Drop images here")
+        say(error.map { "the drop ended: \($0)" } ?? "concluded the \(operation.rawValue)")
+    }
+    gtk_window_present(GtkCast.window(window))
+    say("waiting for a drop")
+}
+
+/// A placeholder per incoming item: its name and a progress bar, then the image.
+@MainActor final class Placeholder {
+    let row = gtk_box_new(GTK_ORIENTATION_VERTICAL, 4)!
+    let bar = gtk_progress_bar_new()!
+
+    init(name: String, in column: UnsafeMutablePointer<GtkWidget>) {
+        gtk_box_append(GtkCast.box(row), gtk_label_new(name))
+        gtk_box_append(GtkCast.box(row), bar)
+        gtk_box_append(GtkCast.box(column), row)
+    }
+
+    func progress(_ fraction: Double) {
+        gtk_progress_bar_set_fraction(OpaquePointer(bar), fraction)
+    }
+
+    func show(_ image: [UInt8]) {
+        let bytes = image.withUnsafeBytes { g_bytes_new($0.baseAddress, gsize($0.count)) }
+        defer { g_bytes_unref(bytes) }
+        guard let texture = gdk_texture_new_from_bytes(bytes, nil) else { return }
+        let picture = gtk_picture_new_for_paintable(texture)!
+        gtk_widget_set_size_request(picture, 320, 200)
+        gtk_box_remove(GtkCast.box(row), bar)
+        gtk_box_append(GtkCast.box(row), picture)
+    }
+}
+
+GtkMainActor.run()

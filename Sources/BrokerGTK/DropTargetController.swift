@@ -1,0 +1,334 @@
+import BrokerClient
+import BrokerProtocol
+import CGtk
+import UniformTypes
+
+/// Makes a widget a drop target, as `UIDropInteraction` does a view, following the drag
+/// protocol: on the first motion it reads the token, presents it and looks for items it can
+/// handle (`acceptedTypes`: MIME types, wildcards or UTIs); it proposes copy, and the broker's
+/// answer is the drop status GTK shows. On a drop it loads every item it can handle at once,
+/// each with its own progress, concludes, then finishes the GTK drop with the broker's
+/// operation. Everything reaches the app on the main thread.
+@MainActor
+public final class DropTargetController {
+    /// An item the target will load: the destination's own item number, and the type chosen.
+    public struct Item: Sendable, Equatable {
+        public let index: Int
+        public let suggestedName: String
+        public let typeIdentifier: String
+        public let preferredWidth: Double
+        public let preferredHeight: Double
+    }
+
+    public let connection: BrokerConnection
+    public let acceptedTypes: [String]
+    /// The broker's answer to the proposal while the drag is over the widget (`copy`, `move`,
+    /// `forbidden`), and `cancel` when it leaves: for highlighting.
+    public var onProposal: ((DropOperation) -> Void)?
+    /// The drop happened: these items are about to load; show a placeholder for each.
+    public var onItemsIncoming: (([Item]) -> Void)?
+    public var onItemProgress: ((Item, _ bytes: UInt64, _ expected: UInt64?) -> Void)?
+    /// One item's bytes, or why they did not come; in the order the loads end.
+    public var onItemLoaded: ((Item, Result<[UInt8], BrokerError>) -> Void)?
+    /// The drop is over: the operation performed, or why there was none.
+    public var onDropEnded: ((DropOperation, BrokerError?) -> Void)?
+
+    private let target: OpaquePointer
+    private var hover: Hover?
+    /// GTK 3 sends a leave right before the drop; the Exit waits this long for one.
+    static let exitDelayMilliseconds: UInt32 = 200
+
+    public init(widget: UnsafeMutablePointer<GtkWidget>, connection: BrokerConnection, acceptedTypes: [String]) {
+        GtkMainActor.install()
+        self.connection = connection
+        self.acceptedTypes = acceptedTypes
+        let formats = gdk_content_formats_new(TokenReader.mimeTypes, 1)
+        target = gtk_drop_target_async_new(formats, GdkDragAction(GDK_ACTION_COPY.rawValue | GDK_ACTION_MOVE.rawValue))
+        connect(target, "accept", self, unsafeBitCast(acceptTrampoline, to: GCallback.self))
+        connect(target, "drag-enter", self, unsafeBitCast(enterTrampoline, to: GCallback.self))
+        connect(target, "drag-motion", self, unsafeBitCast(motionTrampoline, to: GCallback.self))
+        connect(target, "drag-leave", self, unsafeBitCast(leaveTrampoline, to: GCallback.self))
+        connect(target, "drop", self, unsafeBitCast(dropTrampoline, to: GCallback.self))
+        gtk_widget_add_controller(widget, target)
+    }
+
+    /// One GTK drag over the widget, from its first motion to its drop or its end.
+    final class Hover {
+        let drop: OpaquePointer
+        var session: DropSession?
+        var items: [Item] = []
+        var answer: DropOperation = .forbidden
+        var inside = true
+        var exited = false
+        var dropped = false
+
+        init(drop: OpaquePointer) {
+            self.drop = drop
+            g_object_ref(UnsafeMutableRawPointer(drop))
+        }
+
+        deinit {
+            g_object_unref(UnsafeMutableRawPointer(drop))
+        }
+    }
+
+    // MARK: GTK's signals
+
+    fileprivate func accept(_ drop: OpaquePointer) -> Bool {
+        gdk_content_formats_contain_mime_type(gdk_drop_get_formats(drop), DragProtocol.tokenType) != 0
+    }
+
+    fileprivate func enter(_ drop: OpaquePointer) -> GdkDragAction {
+        if let hover, hover.drop == drop {
+            // Back over the widget during the same drag: propose again if the Exit went out.
+            hover.inside = true
+            if hover.exited, let session = hover.session, !hover.items.isEmpty {
+                hover.exited = false
+                Task { await propose(session, in: hover) }
+            }
+            return Self.action(hover.answer)
+        }
+        let hover = Hover(drop: drop)
+        self.hover = hover
+        Task { await join(hover) }
+        return Self.action(.forbidden)  // refused until the broker answers
+    }
+
+    fileprivate func motion(_ drop: OpaquePointer) -> GdkDragAction {
+        guard let hover, hover.drop == drop else { return Self.action(.forbidden) }
+        return Self.action(hover.answer)
+    }
+
+    fileprivate func leave(_ drop: OpaquePointer) {
+        guard let hover, hover.drop == drop else { return }
+        hover.inside = false
+        onProposal?(.cancel)
+        let box = Unmanaged.passRetained(DeferredExit(controller: self, hover: hover))
+        g_timeout_add(Self.exitDelayMilliseconds, { data in
+            let deferred = Unmanaged<DeferredExit>.fromOpaque(data!).takeRetainedValue()
+            MainActor.assumeIsolated { deferred.run() }
+            return 0  // G_SOURCE_REMOVE
+        }, box.toOpaque())
+    }
+
+    fileprivate func exitIfStillOutside(_ hover: Hover) {
+        guard !hover.inside, !hover.dropped, !hover.exited, let session = hover.session else { return }
+        hover.exited = true
+        Task { try? await session.exit() }
+    }
+
+    fileprivate func drop(_ drop: OpaquePointer) -> Bool {
+        guard let hover, hover.drop == drop, let session = hover.session,
+              hover.answer == .copy || hover.answer == .move else { return false }
+        hover.dropped = true
+        hover.inside = true
+        Task { await perform(session, in: hover) }
+        return true
+    }
+
+    // MARK: The broker
+
+    /// Reads the token, presents it, picks the items the app can take, and proposes copy.
+    private func join(_ hover: Hover) async {
+        do throws(BrokerError) {
+            let token = try await readToken(hover.drop)
+            let session = try await connection.presentToken(token)
+            hover.session = session
+            let visible = try await session.items()
+            hover.items = visible.enumerated().compactMap { index, item in
+                item.typeIdentifiers.first(where: accepts).map {
+                    Item(index: index, suggestedName: item.suggestedName, typeIdentifier: $0,
+                         preferredWidth: item.preferredWidth, preferredHeight: item.preferredHeight)
+                }
+            }
+            // Nothing the app can handle: the drop stays refused and the broker hears nothing more.
+            guard !hover.items.isEmpty else { return answer(.forbidden, in: hover) }
+            await propose(session, in: hover)
+        } catch {
+            answer(.forbidden, in: hover)
+        }
+    }
+
+    private func propose(_ session: DropSession, in hover: Hover) async {
+        do {
+            answer(try await session.enter(proposing: .copy), in: hover)
+        } catch {
+            answer(.forbidden, in: hover)
+        }
+    }
+
+    private func answer(_ operation: DropOperation, in hover: Hover) {
+        hover.answer = operation
+        guard self.hover === hover, hover.inside, !hover.dropped else { return }
+        let action = Self.action(operation)
+        gdk_drop_status(hover.drop, action, action)
+        onProposal?(operation)
+    }
+
+    private func accepts(_ type: String) -> Bool {
+        guard let identifier = try? TypeIdentifier(type) else { return false }
+        return acceptedTypes.contains { MimeDatabase.system.conforms(identifier, to: $0) }
+    }
+
+    /// PerformDrop, every load at once, Conclude, then GTK's finish with the broker's operation.
+    private func perform(_ session: DropSession, in hover: Hover) async {
+        let operation: DropOperation
+        do {
+            operation = try await session.performDrop()
+        } catch {
+            gdk_drop_finish(hover.drop, GdkDragAction(0))
+            onDropEnded?(.cancel, error)
+            return
+        }
+        onItemsIncoming?(hover.items)
+        await withTaskGroup(of: Void.self) { group in
+            for item in hover.items {
+                group.addTask { [weak self] in
+                    let progress: @Sendable (UInt64, UInt64?) -> Void = { [weak self] bytes, expected in
+                        Task { @MainActor in self?.onItemProgress?(item, bytes, expected) }
+                    }
+                    let result: Result<[UInt8], BrokerError>
+                    do throws(BrokerError) {
+                        let data = try await session.loadData(item: item.index, typeIdentifier: item.typeIdentifier, progress: progress)
+                        result = .success(Array(data))
+                    } catch {
+                        result = .failure(error)
+                    }
+                    await MainActor.run { self?.onItemLoaded?(item, result) }
+                }
+            }
+        }
+        let concluded: BrokerError?
+        do {
+            try await session.conclude()
+            concluded = nil
+        } catch {
+            concluded = error
+        }
+        gdk_drop_finish(hover.drop, Self.action(operation))
+        if self.hover === hover { self.hover = nil }
+        onDropEnded?(operation, concluded)
+    }
+
+    static func action(_ operation: DropOperation) -> GdkDragAction {
+        switch operation {
+        case .copy: GDK_ACTION_COPY
+        case .move: GDK_ACTION_MOVE
+        case .cancel, .forbidden: GdkDragAction(0)
+        }
+    }
+
+    // MARK: Reading the token
+
+    /// GDK hands the offer over as a stream that the main loop fills: read it without blocking.
+    private func readToken(_ drop: OpaquePointer) async throws(BrokerError) -> String {
+        let bytes: [UInt8]? = await withCheckedContinuation { continuation in
+            let reader = TokenReader(continuation)
+            gdk_drop_read_async(drop, TokenReader.mimeTypes, G_PRIORITY_DEFAULT, nil, { object, result, data in
+                let reader = Unmanaged<TokenReader>.fromOpaque(data!).takeRetainedValue()
+                reader.opened(OpaquePointer(object), result)
+            }, Unmanaged.passRetained(reader).toOpaque())
+        }
+        guard let bytes, let token = DragProtocol.token(from: bytes) else {
+            throw BrokerError(.invalidArgument, "The drag offered no valid \(DragProtocol.tokenType)")
+        }
+        return token
+    }
+}
+
+/// Reads the whole offer (64 bytes, and at most a little more before it refuses).
+private final class TokenReader {
+    nonisolated(unsafe) static let mimeTypes: UnsafeMutablePointer<UnsafePointer<CChar>?> = {
+        let types = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: 2)
+        types[0] = UnsafePointer(strdup(DragProtocol.tokenType))
+        types[1] = nil
+        return types
+    }()
+    static let limit = 4096
+
+    private let continuation: CheckedContinuation<[UInt8]?, Never>
+    private var bytes: [UInt8] = []
+    private var stream: UnsafeMutablePointer<GInputStream>?
+
+    init(_ continuation: CheckedContinuation<[UInt8]?, Never>) {
+        self.continuation = continuation
+    }
+
+    func opened(_ drop: OpaquePointer?, _ result: OpaquePointer?) {
+        stream = gdk_drop_read_finish(drop, result, nil, nil)
+        readMore()
+    }
+
+    private func readMore() {
+        guard let stream, bytes.count <= Self.limit else { return finish(nil) }
+        g_input_stream_read_bytes_async(stream, 256, G_PRIORITY_DEFAULT, nil, { object, result, data in
+            let reader = Unmanaged<TokenReader>.fromOpaque(data!).takeRetainedValue()
+            reader.chunk(g_input_stream_read_bytes_finish(UnsafeMutablePointer<GInputStream>(OpaquePointer(object)), result, nil))
+        }, Unmanaged.passRetained(self).toOpaque())
+    }
+
+    private func chunk(_ chunk: OpaquePointer?) {
+        guard let chunk else { return finish(nil) }
+        defer { g_bytes_unref(chunk) }
+        var size: gsize = 0
+        let data = g_bytes_get_data(chunk, &size)
+        if size == 0 { return finish(bytes) }
+        bytes += UnsafeRawBufferPointer(start: data, count: Int(size))
+        readMore()
+    }
+
+    private func finish(_ result: [UInt8]?) {
+        if let stream { g_object_unref(stream) }
+        stream = nil
+        continuation.resume(returning: result)
+    }
+}
+
+/// The Exit a leave schedules, run unless the drag came back or dropped meanwhile.
+private final class DeferredExit {
+    let controller: DropTargetController
+    let hover: DropTargetController.Hover
+
+    init(controller: DropTargetController, hover: DropTargetController.Hover) {
+        self.controller = controller
+        self.hover = hover
+    }
+
+    @MainActor func run() {
+        controller.exitIfStillOutside(hover)
+    }
+}
+
+private func controller(_ data: gpointer?) -> DropTargetController {
+    Unmanaged<DropTargetController>.fromOpaque(data!).takeUnretainedValue()
+}
+
+private let acceptTrampoline: @convention(c) (OpaquePointer?, OpaquePointer?, gpointer?) -> gboolean = { _, drop, data in
+    let target = controller(data)
+    let pointer = MainThreadPointer(raw: drop)
+    return MainActor.assumeIsolated { target.accept(pointer.raw!) } ? 1 : 0
+}
+
+private let enterTrampoline: @convention(c) (OpaquePointer?, OpaquePointer?, Double, Double, gpointer?) -> GdkDragAction = { _, drop, _, _, data in
+    let target = controller(data)
+    let pointer = MainThreadPointer(raw: drop)
+    return GdkDragAction(MainActor.assumeIsolated { target.enter(pointer.raw!).rawValue })
+}
+
+private let motionTrampoline: @convention(c) (OpaquePointer?, OpaquePointer?, Double, Double, gpointer?) -> GdkDragAction = { _, drop, _, _, data in
+    let target = controller(data)
+    let pointer = MainThreadPointer(raw: drop)
+    return GdkDragAction(MainActor.assumeIsolated { target.motion(pointer.raw!).rawValue })
+}
+
+private let leaveTrampoline: @convention(c) (OpaquePointer?, OpaquePointer?, gpointer?) -> Void = { _, drop, data in
+    let target = controller(data)
+    let pointer = MainThreadPointer(raw: drop)
+    MainActor.assumeIsolated { target.leave(pointer.raw!) }
+}
+
+private let dropTrampoline: @convention(c) (OpaquePointer?, OpaquePointer?, Double, Double, gpointer?) -> gboolean = { _, drop, _, _, data in
+    let target = controller(data)
+    let pointer = MainThreadPointer(raw: drop)
+    return MainActor.assumeIsolated { target.drop(pointer.raw!) } ? 1 : 0
+}
