@@ -23,6 +23,10 @@ public actor BrokerConnection {
     private var nextMonitor = 1
     /// Load handlers running for each session path, by load ID, so a cancel can stop them.
     private var running: [String: [UInt32: Task<Void, Never>]] = [:]
+    /// Tells when the broker's connection goes away.
+    private var brokerWatch: Slot?
+    /// Why every call fails from now on: the broker this connection found has left the bus.
+    private var brokerGone: BrokerError?
 
     public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
@@ -56,9 +60,31 @@ public actor BrokerConnection {
     private func locateBroker() async throws(BrokerError) {
         do {
             brokerName = try await bus.nameOwner(BrokerNames.busName)
+            // The unique name is this broker's connection: when it loses its owner, that
+            // broker is gone, whether or not another one takes the well-known name.
+            brokerWatch = try bus.watchOwner(of: brokerName) { [unowned self] owner in
+                guard owner.isEmpty else { return }
+                assumeIsolated { $0.brokerVanished() }
+            }
         } catch {
             throw BrokerError(.disconnected, "dragbrokerd is not running on this bus (\(error.name))")
         }
+    }
+
+    /// The broker's connection is gone: every session, load and event stream ends with
+    /// `Disconnected` now, rather than with a broken pipe or an end of file that says nothing.
+    private func brokerVanished() {
+        let error = BrokerError(.disconnected, "dragbrokerd went away: its connection \(brokerName) left the bus")
+        brokerGone = error
+        for (path, route) in routes {
+            switch route.role {
+            case .source(let session): _ = session.handle(.ended(.cancel, error))
+            case .destination(let session): session.brokerVanished(error)
+            }
+            forget(path)
+        }
+        monitor?.continuation.finish()
+        monitor = nil
     }
 
     /// The connection's unique bus name.
@@ -71,6 +97,7 @@ public actor BrokerConnection {
     func call<T: Sendable>(path: String, interface: String, member: String, timeout: UInt64 = 0,
                            build: (Message) throws(BusError) -> Void = { _ in },
                            decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        if let brokerGone { throw brokerGone }
         let reply: Message
         do {
             let message = try bus.newMethodCall(destination: brokerName, path: path, interface: interface, member: member)

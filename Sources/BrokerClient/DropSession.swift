@@ -235,6 +235,15 @@ public final class DropSession: Sendable {
 
     /// A signal for this session, on the event loop. Returns whether the session still needs
     /// its signals.
+    /// The broker's name lost its owner: the session ends with `error`, and so does every load
+    /// still waiting for its verdict.
+    func brokerVanished(_ error: BrokerError) {
+        _ = handle(.ended(.cancel, error))
+        for waiter in loads.withLock({ $0.brokerVanished(LoadOutcome(bytes: 0, error: error)) }) {
+            waiter.resume(returning: LoadOutcome(bytes: 0, error: error))
+        }
+    }
+
     func handle(_ signal: SessionSignal) -> Bool {
         switch signal {
         case .loadProgress(let id, let bytes, let expected):

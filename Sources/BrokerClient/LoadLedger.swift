@@ -114,6 +114,18 @@ struct LoadLedger<Waiter> {
         !sessionHasEnded || records.values.contains { $0.owner != nil && $0.outcome == nil }
     }
 
+    /// The broker went away: no verdict will come for any load still running, so each gets
+    /// `error` as its outcome. Returns the waiters to resume with it.
+    mutating func brokerVanished(_ outcome: LoadOutcome) -> [Waiter] {
+        sessionHasEnded = true
+        var waiters: [Waiter] = []
+        for (id, record) in records where record.outcome == nil {
+            if let waiter = finished(id, outcome) { waiters.append(waiter) }
+        }
+        records = records.filter { $0.value.owner != nil }
+        return waiters
+    }
+
     /// How many loads have a record: 0 once every load's outcome was collected or abandoned.
     var count: Int { records.count }
 

@@ -200,6 +200,43 @@ public final class Bus: @unchecked Sendable {
         return Slot(consuming: slot!, loop: loop)
     }
 
+    /// Whether the connection still works: false once the bus has gone away.
+    public var isOpen: Bool {
+        sd_bus_is_open(handle) > 0
+    }
+
+    /// Calls `handler` when the connection to the bus is lost: sd-bus's local `Disconnected`
+    /// signal. Without it a process keeps running with no connection, alive but useless.
+    public func onDisconnect(_ handler: @escaping () -> Void) throws(BusError) -> Slot {
+        try matchSignal(sender: "org.freedesktop.DBus.Local", path: "/org/freedesktop/DBus/Local",
+                        interface: "org.freedesktop.DBus.Local", member: "Disconnected") { _ in handler() }
+    }
+
+    /// Calls `handler` with the new owner (empty when none) each time `name` changes owner;
+    /// the bus sends this connection only that name's changes.
+    public func watchOwner(of name: String, handler: @escaping (String) -> Void) throws(BusError) -> Slot {
+        let rule = "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',"
+            + "interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='\(name)'"
+        let box = Unmanaged.passRetained(SignalBox(loop: loop) { m in
+            guard (try? m.readString()) == name, (try? m.readString()) != nil, let owner = try? m.readString() else { return }
+            handler(owner)
+        })
+        var slot: OpaquePointer?
+        let r = sd_bus_add_match(handle, &slot, rule, { m, userdata, _ in
+            let box = Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue()
+            box.handler(Message(borrowing: m!, loop: box.loop))
+            return 0
+        }, box.toOpaque())
+        if r < 0 {
+            box.release()
+            throw BusError.system(r, "sd_bus_add_match")
+        }
+        sd_bus_slot_set_destroy_callback(slot) { userdata in
+            Unmanaged<SignalBox>.fromOpaque(userdata!).release()
+        }
+        return Slot(consuming: slot!, loop: loop)
+    }
+
     /// Calls `handler` for each signal matching the given fields (nil = any).
     public func matchSignal(sender: String?, path: String?, interface: String?, member: String?,
                             handler: @escaping (Message) -> Void) throws(BusError) -> Slot {

@@ -163,6 +163,15 @@ final class Daemon {
 
     // MARK: Shutdown
 
+    /// The bus is gone: nobody can be told anything, so every session and load in flight is
+    /// recorded as interrupted, and the log is flushed before the process exits.
+    func busLost() {
+        logger.critical("Lost the connection to the bus: recording \(registry.count) session(s) in flight as interrupted and exiting, so the service manager restarts the daemon")
+        registry.endAll(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"),
+                        outcome: "interrupted", loadOutcome: "interrupted")
+        audit.transferLog.flush()
+    }
+
     /// Ends every session with a reason and flushes the transfer log.
     func shutdown() {
         ServiceManager.notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")

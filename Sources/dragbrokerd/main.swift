@@ -130,6 +130,12 @@ func runDaemon() -> Int32 {
             daemon.shutdown()
             loop.exit()
         }
+        var status: Int32 = 0
+        let busWatch = try bus.onDisconnect {
+            daemon.busLost()
+            status = 1
+            loop.exit(code: 1)
+        }
         var watches = try [SIGTERM, SIGINT].map { signal throws(BusError) in try SignalWatch(loop: loop, signal: signal, callback: terminate) }
         watches.append(try SignalWatch(loop: loop, signal: SIGHUP) {
             logger.info("Received SIGHUP, reloading the policy")
@@ -142,8 +148,8 @@ func runDaemon() -> Int32 {
         loop.enableWatchdog()
         daemon.armIdleTimer()
         try loop.run()
-        withExtendedLifetime(watches) {}
-        return 0
+        withExtendedLifetime((watches, busWatch)) {}
+        return status
     } catch {
         logger.critical("Failed to start: \(error)")
         return 1

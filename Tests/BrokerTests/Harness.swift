@@ -73,6 +73,11 @@ final class PrivateBus {
         self.address = address
     }
 
+    /// The bus dies, as when dbus-daemon crashes or the session ends.
+    func kill() {
+        daemon.kill(SIGKILL)
+    }
+
     deinit { daemon.terminate() }
 }
 

@@ -65,7 +65,7 @@ final class AuditSink {
         let record = LoadRecord(
             id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
             typeIdentifier: load.typeIdentifier, bytes: Int64(load.bytes), startedAt: load.startedAt, endedAt: Date(),
-            outcome: Load.outcome(of: error), errorName: error?.code.busName,
+            outcome: load.outcome(of: error), errorName: error?.code.busName,
             sourceTeam: session.source.team, destinationTeam: load.destination.team)
         transferLog.submit(.load(record))
         AuditJournal.record(record)

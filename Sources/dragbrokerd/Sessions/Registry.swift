@@ -122,13 +122,13 @@ final class Registry {
     }
 
     /// Ends every session, e.g. on shutdown, including those still waiting to be torn down.
-    func endAll(_ error: BrokerError) {
+    func endAll(_ error: BrokerError, outcome: String = "cancelled", loadOutcome: String? = nil) {
         for (sessions, departed) in teardown {
             for session in sessions { session.partyVanished(departed) }
         }
         teardown = []
         for session in sessions.values.sorted(by: { Self.numericOrder($0.id, $1.id) }) {
-            session.end(outcome: "cancelled", error: error)
+            session.end(outcome: outcome, error: error, loadOutcome: loadOutcome)
         }
     }
 

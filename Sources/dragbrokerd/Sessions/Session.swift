@@ -445,10 +445,11 @@ final class Session {
         }
     }
 
-    /// Ends the session early: loads stop, every party is told why.
-    func end(outcome: String, error: BrokerError) {
+    /// Ends the session early: loads stop, every party is told why. `loadOutcome` names the
+    /// loads' end in the log when their error alone would not.
+    func end(outcome: String, error: BrokerError, loadOutcome: String? = nil) {
         guard !isOver else { return }
-        for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error) }
+        for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error, outcome: loadOutcome) }
         if state == .active { operation = .cancel }
         retire(outcome: outcome, error: error)
     }

@@ -82,10 +82,15 @@ final class Load {
     }
 
     /// Ends the load early (cancelled, timed out, the session ended); the destination's
-    /// waiting call, if any, hears why.
-    func stop(_ error: BrokerError) {
+    /// waiting call, if any, hears why. `outcome` names it in the log when the error alone
+    /// would not, as "interrupted" for a load the daemon itself could not finish.
+    func stop(_ error: BrokerError, outcome: String? = nil) {
+        recordedOutcome = outcome
         finish(error)
     }
+
+    /// How the log names this load's end, once it has ended.
+    private(set) var recordedOutcome: String?
 
     var destinationIsFull: Bool { proxy?.destinationIsFull == true }
 
@@ -101,7 +106,7 @@ final class Load {
                     providerCall = nil
                     switch result {
                     case .success: sourceAnswered()
-                    case .failure(let error): finish(providerError(error, from: source.app))
+                    case .failure(let error): providerFailed(error, source)
                     }
                 }
             } catch {
@@ -190,7 +195,7 @@ final class Load {
                         finish(error)
                     }
                 case .failure(let error):
-                    finish(providerError(error, from: source.app))
+                    providerFailed(error, source)
                 }
             }
         } catch {
@@ -245,6 +250,16 @@ final class Load {
         return call
     }
 
+    /// sd-bus fails pending calls when the daemon's own connection closes: that is no fault of
+    /// the source, and the load is recorded as interrupted.
+    private func providerFailed(_ error: BusError, _ source: LoadSource) {
+        if source.bus.isOpen {
+            finish(providerError(error, from: source.app))
+        } else {
+            stop(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"), outcome: "interrupted")
+        }
+    }
+
     private func providerError(_ error: BusError, from app: AppIdentity) -> BrokerError {
         if let code = BrokerErrorCode(busName: error.name), code == .cancelled {
             return BrokerError(.cancelled, "The source cancelled the load: \(error.message)")
@@ -296,7 +311,11 @@ final class Load {
         report?(self, error)
     }
 
-    /// How the log names the outcome.
+    /// How the log names the outcome of a load that ended with `error`.
+    func outcome(of error: BrokerError?) -> String {
+        recordedOutcome ?? Self.outcome(of: error)
+    }
+
     static func outcome(of error: BrokerError?) -> String {
         switch error?.code {
         case nil: "completed"
