@@ -215,12 +215,26 @@ public final class Bus: @unchecked Sendable {
     /// Calls `handler` with the new owner (empty when none) each time `name` changes owner;
     /// the bus sends this connection only that name's changes.
     public func watchOwner(of name: String, handler: @escaping (String) -> Void) throws(BusError) -> Slot {
-        let rule = "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',"
-            + "interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='\(name)'"
-        let box = Unmanaged.passRetained(SignalBox(loop: loop) { m in
+        try addMatch(Self.rule(sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                               member: "NameOwnerChanged") + ",arg0='\(name)'") { m in
             guard (try? m.readString()) == name, (try? m.readString()) != nil, let owner = try? m.readString() else { return }
             handler(owner)
-        })
+        }
+    }
+
+    /// Calls `handler` for each signal matching the given fields (nil = any).
+    public func matchSignal(sender: String?, path: String?, interface: String?, member: String?,
+                            handler: @escaping (Message) -> Void) throws(BusError) -> Slot {
+        try addMatch(Self.rule(sender: sender, path: path, interface: interface, member: member), handler)
+    }
+
+    private static func rule(sender: String?, path: String?, interface: String?, member: String?) -> String {
+        (["type='signal'"] + [("sender", sender), ("path", path), ("interface", interface), ("member", member)]
+            .compactMap { key, value in value.map { "\(key)='\($0)'" } }).joined(separator: ",")
+    }
+
+    private func addMatch(_ rule: String, _ handler: @escaping (Message) -> Void) throws(BusError) -> Slot {
+        let box = Unmanaged.passRetained(SignalBox(loop: loop, handler))
         var slot: OpaquePointer?
         let r = sd_bus_add_match(handle, &slot, rule, { m, userdata, _ in
             let box = Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue()
@@ -229,27 +243,7 @@ public final class Bus: @unchecked Sendable {
         }, box.toOpaque())
         if r < 0 {
             box.release()
-            throw BusError.system(r, "sd_bus_add_match")
-        }
-        sd_bus_slot_set_destroy_callback(slot) { userdata in
-            Unmanaged<SignalBox>.fromOpaque(userdata!).release()
-        }
-        return Slot(consuming: slot!, loop: loop)
-    }
-
-    /// Calls `handler` for each signal matching the given fields (nil = any).
-    public func matchSignal(sender: String?, path: String?, interface: String?, member: String?,
-                            handler: @escaping (Message) -> Void) throws(BusError) -> Slot {
-        let box = Unmanaged.passRetained(SignalBox(loop: loop, handler))
-        var slot: OpaquePointer?
-        let r = sd_bus_match_signal(handle, &slot, sender, path, interface, member, { m, userdata, _ in
-            let box = Unmanaged<SignalBox>.fromOpaque(userdata!).takeUnretainedValue()
-            box.handler(Message(borrowing: m!, loop: box.loop))
-            return 0
-        }, box.toOpaque())
-        if r < 0 {
-            box.release()
-            throw BusError.system(r, "sd_bus_match_signal")
+            throw BusError.system(r, "sd_bus_add_match(\(rule))")
         }
         sd_bus_slot_set_destroy_callback(slot) { userdata in
             Unmanaged<SignalBox>.fromOpaque(userdata!).release()
