@@ -120,4 +120,22 @@ final class InterpretedAppTests: XCTestCase {
                        "error \(BrokerErrorCode.notFound.busName) No live session has this token")
         for program in [plainA, plainB, foo, bar] { program.terminate() }
     }
+
+    /// Flocking happens in the source's app: another connection of that app may add items
+    /// once it has presented the token, and not before.
+    func testAnotherConnectionOfTheSourcesAppAddsItemsOnlyAsAParty() throws {
+        let world = try World()
+        let source = try program(world, scope: nil)
+        let sameApp = try program(world, scope: nil)
+        XCTAssertNotNil(source.stdout.take { $0.hasPrefix("app ") })
+        XCTAssertNotNil(sameApp.stdout.take { $0.hasPrefix("app ") })
+        let token = String(answer(source, to: "begin").dropFirst(6))
+        let path = "/org/dragbroker/Broker1/session/s1"
+        XCTAssertEqual(answer(sameApp, to: "additems \(path)"),
+                       "error \(BrokerErrorCode.accessDenied.busName) Present the session token with PresentToken before using session s1")
+        XCTAssertEqual(answer(sameApp, to: "present \(token)"), "presented \(path)")
+        XCTAssertEqual(answer(sameApp, to: "additems \(path)"), "added")
+        XCTAssertEqual(answer(source, to: "additems \(path)"), "added")
+        for program in [source, sameApp] { program.terminate() }
+    }
 }

@@ -184,8 +184,12 @@ final class SessionRulesTests: XCTestCase {
     func testOnlyTheSourceAppAddsItemsAndOnlyWhileDragging() throws {
         let (session, events) = makeSession()
         let more = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "text/plain", visibility: .all)])]
+        assertRefused(try session.addItems(more, by: Self.sameApp, limit: 256, flow: Self.noRules), .accessDenied,
+                      "Present the session token with PresentToken before using session s7")
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
         assertRefused(try session.addItems(more, by: Self.teammate, limit: 256, flow: Self.noRules), .accessDenied,
                       "Only org.example.Editor may add items to session s7: cross-app flocking is not allowed")
+        try session.admit(Self.sameApp, limit: 64, flow: Self.noRules)
         try session.addItems(more, by: Self.sameApp, limit: 256, flow: Self.noRules)
         XCTAssertEqual(session.items.count, 3)
         assertRefused(try session.addItems(more, by: Self.source, limit: 3, flow: Self.noRules), .limitExceeded,

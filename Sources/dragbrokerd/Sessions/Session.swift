@@ -214,7 +214,11 @@ final class Session {
     // MARK: Source
 
     /// Flocking: more items on a live drag, from the source's own app only.
+    /// Flocking, as on iOS, happens in the source's app: its source connection, or another
+    /// connection of the same app that presented the token. Never another app, and never a
+    /// connection that is no party, whatever its app.
     func addItems(_ newItems: [ItemDescriptor], by caller: AppIdentity, limit: Int, flow: FlowView) throws(BrokerError) {
+        try requireParticipant(caller)
         guard caller.isSameApp(as: source) else {
             throw .accessDenied("Only \(source.appID) may add items to session \(id): cross-app flocking is not allowed")
         }
