@@ -43,7 +43,7 @@ public final class DropTargetController {
         self.connection = connection
         self.acceptedTypes = acceptedTypes
         let formats = gdk_content_formats_new(TokenReader.mimeTypes, 1)
-        target = gtk_drop_target_async_new(formats, GdkDragAction(GDK_ACTION_COPY.rawValue | GDK_ACTION_MOVE.rawValue))
+        target = gtk_drop_target_async_new(formats, Self.anyAction)
         connect(target, "accept", self, unsafeBitCast(acceptTrampoline, to: GCallback.self))
         connect(target, "drag-enter", self, unsafeBitCast(enterTrampoline, to: GCallback.self))
         connect(target, "drag-motion", self, unsafeBitCast(motionTrampoline, to: GCallback.self))
@@ -160,8 +160,10 @@ public final class DropTargetController {
     private func answer(_ operation: DropOperation, in hover: Hover) {
         hover.answer = operation
         guard self.hover === hover, hover.inside, !hover.dropped else { return }
-        let action = Self.action(operation)
-        gdk_drop_status(hover.drop, action, action)
+        // Copy and move both allowed, the answer preferred: with a move-only offer (X11 while
+        // Shift is held) GDK refuses a status that allows copy alone.
+        gdk_drop_status(hover.drop, operation == .forbidden || operation == .cancel ? GdkDragAction(0) : Self.anyAction,
+                        Self.action(operation))
         onProposal?(operation)
     }
 
@@ -209,6 +211,8 @@ public final class DropTargetController {
         if self.hover === hover { self.hover = nil }
         onDropEnded?(operation, concluded)
     }
+
+    static let anyAction = GdkDragAction(GDK_ACTION_COPY.rawValue | GDK_ACTION_MOVE.rawValue)
 
     static func action(_ operation: DropOperation) -> GdkDragAction {
         switch operation {
