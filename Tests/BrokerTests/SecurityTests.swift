@@ -483,6 +483,9 @@ final class AppScope {
 
     deinit {
         // Emptied when its processes exit; retry briefly, since the kernel reaps them asynchronously.
-        for _ in 0..<50 where rmdir(path) != 0 { usleep(20_000) }
+        for _ in 0..<50 {
+            if rmdir(path) == 0 { break }
+            usleep(20_000)
+        }
     }
 }

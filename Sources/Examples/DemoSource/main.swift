@@ -7,6 +7,19 @@ import CGtk
 import Foundation
 
 let caption = "Sunset over the harbour"
+// `--title T` and `--size N` (an NxN window) let tests place the window among others.
+var title = "dragbroker demo: source"
+var size = (width: 340, height: 300)
+var options = CommandLine.arguments.dropFirst().makeIterator()
+while let option = options.next() {
+    switch (option, options.next()) {
+    case ("--title", let value?): title = value
+    case ("--size", let value?) where Int(value) != nil: size = (Int(value)!, Int(value)!)
+    default:
+        print("usage: dragbroker-demo-source [--title TITLE] [--size PIXELS]")
+        exit(2)
+    }
+}
 let image = PNG.gradient(width: 640, height: 480)
 
 func say(_ line: String) {
@@ -43,14 +56,14 @@ Task { @MainActor in
 }
 @MainActor func showWindow(_ broker: BrokerConnection) {
     let window = gtk_window_new()!
-    gtk_window_set_title(GtkCast.window(window), "dragbroker demo: source")
-    gtk_window_set_default_size(GtkCast.window(window), 340, 300)
+    gtk_window_set_title(GtkCast.window(window), title)
+    gtk_window_set_default_size(GtkCast.window(window), Int32(size.width), Int32(size.height))
     let column = gtk_box_new(GTK_ORIENTATION_VERTICAL, 8)!
     gtk_window_set_child(GtkCast.window(window), column)
     let bytes = image.withUnsafeBytes { g_bytes_new($0.baseAddress, gsize($0.count)) }
     let texture = gdk_texture_new_from_bytes(bytes, nil)
     let picture = gtk_picture_new_for_paintable(texture)!
-    gtk_widget_set_size_request(picture, 320, 240)
+    gtk_widget_set_size_request(picture, Int32(size.width - 20), Int32((size.width - 20) * 3 / 4))
     gtk_box_append(GtkCast.box(column), picture)
     gtk_box_append(GtkCast.box(column), gtk_label_new(caption))
 

@@ -6,12 +6,23 @@ import BrokerGTK
 import CGtk
 import Foundation
 
-let arguments = CommandLine.arguments
-guard arguments.count == 2 else {
-    print("usage: dragbroker-demo-target OUTPUT-DIRECTORY")
+// `--title T` and `--size N` (an NxN window) let tests place the window among others.
+var title = "dragbroker demo: target"
+var size = (width: 340, height: 300)
+var positional: [String] = []
+var options = CommandLine.arguments.dropFirst().makeIterator()
+while let option = options.next() {
+    switch option {
+    case "--title": title = options.next() ?? title
+    case "--size": size = options.next().flatMap(Int.init).map { ($0, $0) } ?? size
+    default: positional.append(option)
+    }
+}
+guard positional.count == 1 else {
+    print("usage: dragbroker-demo-target [--title TITLE] [--size PIXELS] OUTPUT-DIRECTORY")
     exit(2)
 }
-let outputDirectory = URL(fileURLWithPath: arguments[1])
+let outputDirectory = URL(fileURLWithPath: positional[0])
 
 func say(_ line: String) {
     print("target: \(line)")
@@ -32,10 +43,10 @@ Task { @MainActor in
 }
 @MainActor func showWindow(_ broker: BrokerConnection) {
     let window = gtk_window_new()!
-    gtk_window_set_title(GtkCast.window(window), "dragbroker demo: target")
-    gtk_window_set_default_size(GtkCast.window(window), 340, 300)
+    gtk_window_set_title(GtkCast.window(window), title)
+    gtk_window_set_default_size(GtkCast.window(window), Int32(size.width), Int32(size.height))
     let column = gtk_box_new(GTK_ORIENTATION_VERTICAL, 8)!
-    gtk_widget_set_size_request(column, 340, 300)
+    gtk_widget_set_size_request(column, Int32(size.width), Int32(size.height))
     gtk_window_set_child(GtkCast.window(window), column)
     let hint = gtk_label_new("Drop images here")!
     gtk_box_append(GtkCast.box(column), hint)
@@ -107,7 +118,7 @@ Task { @MainActor in
         defer { g_bytes_unref(bytes) }
         guard let texture = gdk_texture_new_from_bytes(bytes, nil) else { return }
         let picture = gtk_picture_new_for_paintable(texture)!
-        gtk_widget_set_size_request(picture, 320, 200)
+        gtk_widget_set_size_request(picture, Int32(size.width - 20), Int32((size.width - 20) * 5 / 8))
         gtk_box_remove(GtkCast.box(row), bar)
         gtk_box_append(GtkCast.box(row), picture)
     }
