@@ -106,8 +106,16 @@ class Child {
         try process.run()
     }
 
+    /// A child that died must fail its test, not kill the test process with SIGPIPE.
+    private static let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
+
     func send(_ line: String) {
-        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+        Self.ignoreBrokenPipes
+        do {
+            try input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
+        } catch {
+            XCTFail("cannot write to \(process.executableURL?.lastPathComponent ?? "a child") (exited \(process.isRunning ? "not yet" : "\(process.terminationStatus)")): \(error)")
+        }
     }
 
     func kill(_ signal: Int32 = SIGKILL) {
