@@ -27,12 +27,19 @@ struct PolicyCommand: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Check policy files without applying them: a directory (main file and drop-ins) or one file.")
 
-        @Argument(help: "A policy file, or a directory holding dragbroker.conf and dragbroker.conf.d/.")
-        var path: String = "/etc/dragbroker"
+        @Argument(help: "A policy file, or a directory holding dragbroker.conf and dragbroker.conf.d/ (default: /etc/dragbroker).")
+        var path: String?
 
         func run() async throws {
             var isDirectory: ObjCBool = false
+            let path = path ?? PolicyLoader.defaultDirectory
             let exists = FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
+            // A missing /etc/dragbroker means the defaults, as for the daemon; a path someone
+            // typed that is not there is a mistake to report, not a policy that passes.
+            if !exists && self.path != nil {
+                FileHandle.standardError.write(Data("\(path): no such file or directory\n".utf8))
+                throw ExitCode(1)
+            }
             do {
                 let policy: Policy
                 if exists && !isDirectory.boolValue {

@@ -302,6 +302,12 @@ final class SecurityTests: XCTestCase {
         good.process.waitUntilExit()
         XCTAssertEqual(good.process.terminationStatus, 0)
         XCTAssertEqual(good.stdout.take { _ in true }, "3 apps, 0 flow rules from \(world.paths.policyFile.path).")
+        let missing = world.directory.appendingPathComponent("no-such-policy").path
+        let typo = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                             arguments: ["policy", "check", missing], environment: [:])
+        typo.process.waitUntilExit()
+        XCTAssertEqual(typo.process.terminationStatus, 1, "a path that is not there passes nothing")
+        XCTAssertEqual(typo.stderr.take { _ in true }, "\(missing): no such file or directory")
 
         let show = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
                              arguments: ["policy", "show", "--address", world.bus.address], environment: [:])
