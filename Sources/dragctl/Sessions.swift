@@ -91,6 +91,8 @@ struct Monitor: AsyncParsableCommand {
         for await event in events {
             if output.mode != .off {
                 try output.printJSON(event)
+                // One event per line, as it happens, also into a pipe (`| jq`).
+                fflush(nil)
                 continue
             }
             let formatter = DateFormatter()

@@ -13,6 +13,21 @@ final class DragctlTests: XCTestCase {
         return (child.process.terminationStatus, child.stdout.all { _ in true }, child.stderr.all { _ in true })
     }
 
+    /// `dragctl monitor --json=short | jq`: each event is a line the moment it happens, not
+    /// when the monitor exits and its buffer is flushed.
+    func testMonitorJSONReachesAPipeAsItHappens() throws {
+        let world = try World()
+        let monitor = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                                arguments: ["monitor", "--json=short", "--address", world.bus.address], environment: ["TZ": "UTC"])
+        XCTAssertNotNil(monitor.stderr.take { $0 == "Monitoring drag sessions; press Ctrl-C to stop." })
+        let source = try world.peer("source-app")
+        _ = try source.begin(EndToEndTests.helloDrag)
+        XCTAssertEqual(monitor.stdout.take { _ in true },
+                       #"{"bytes":0,"detail":"\#(source.executable.path.replacingOccurrences(of: "/", with: "\\/")), 1 item","event":"begin","expected":0,"session":"s1"}"#)
+        XCTAssertTrue(monitor.process.isRunning)
+        monitor.terminate()
+    }
+
     func testSessionsShowAndCancel() throws {
         let world = try World()
         let source = try world.peer("source-app")
