@@ -14,8 +14,9 @@ final class FaultTests: XCTestCase {
         return child.process.isRunning ? nil : child.process.terminationStatus
     }
 
-    func testLosingTheBusEndsTheDaemonWithFailureAndRecordsWhatWasInFlightAsInterrupted() throws {
-        let world = try World()
+    /// A dropped drag whose data load is under way: bytes moved, then the source stalls at
+    /// 131072, so the load is still in flight whenever the fault comes.
+    func loadInFlight(_ world: World) throws -> (source: Peer, destination: Peer) {
         let source = try world.peer("source-app")
         let destination = try world.peer("destination-app")
         let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
@@ -23,8 +24,13 @@ final class FaultTests: XCTestCase {
         XCTAssertEqual(destination.run("enter copy"), "OK copy")
         XCTAssertEqual(destination.run("drop"), "OK copy")
         destination.send("loadprogress 0 application/x-stalls")
-        // Bytes moved, then the source stalls at 131072: a transfer in flight.
         XCTAssertNotNil(destination.stdout.take { $0.hasPrefix("PROGRESS ") }, destination.stdout.text)
+        return (source, destination)
+    }
+
+    func testLosingTheBusEndsTheDaemonWithFailureAndRecordsWhatWasInFlightAsInterrupted() throws {
+        let world = try World()
+        let (source, destination) = try loadInFlight(world)
         usleep(200_000)
 
         world.bus.kill()
@@ -40,19 +46,12 @@ final class FaultTests: XCTestCase {
         let loads = try log.loads()
         XCTAssertEqual(loads.map(\.outcome), ["interrupted"])
         XCTAssertEqual(loads.map(\.bytes), [131072])
-        withExtendedLifetime(source) {}
+        withExtendedLifetime((source, destination)) {}
     }
 
     func testTheClientLibraryReportsDisconnectedWhenTheDaemonDies() throws {
         let world = try World()
-        let source = try world.peer("source-app")
-        let destination = try world.peer("destination-app")
-        let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
-        _ = destination.run("present \(token)")
-        XCTAssertEqual(destination.run("enter copy"), "OK copy")
-        XCTAssertEqual(destination.run("drop"), "OK copy")
-        destination.send("loadprogress 0 application/x-stalls")
-        XCTAssertNotNil(destination.stdout.take { $0.hasPrefix("PROGRESS ") }, destination.stdout.text)
+        let (source, destination) = try loadInFlight(world)
         let daemonName = try XCTUnwrap(((try BusProbe(address: world.bus.address)
             .call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner") { m throws(BusError) in
                 try m.append(BrokerNames.busName)
