@@ -47,6 +47,8 @@ enum Orchestrator {
         let daemonPID: pid_t
         /// The daemon's state directory, where its transfer log is.
         let stateDirectory: URL
+        /// The daemon's policy directory, for drop-ins a section applies with a reload.
+        let policyDirectory: URL
     }
 
     /// The private bus, the daemon (beside this binary), and this binary again as the source.
@@ -103,7 +105,8 @@ enum Orchestrator {
         let words = ready.split(separator: " ").map(String.init)
         guard words.count == 3 else { throw BenchError("unexpected line from the source: \(ready)") }
         return World(address: address, source: source, sourceName: words[1], token: words[2],
-                     plainRead: fds[0], plainPipeSize: plainPipeSize, daemonPID: daemon.pid, stateDirectory: state)
+                     plainRead: fds[0], plainPipeSize: plainPipeSize, daemonPID: daemon.pid, stateDirectory: state,
+                     policyDirectory: policy)
     }
 
     static func progress(_ line: String) {
@@ -161,6 +164,28 @@ enum Orchestrator {
             return first
         }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
+
+        // (c') The same under FailClosed=yes: the source is asked only once the load's start
+        // record committed, so the commit is on the path instead of beside it.
+        progress("(c') Load to first byte with FailClosed=yes vs echo")
+        let failClosedDropIn = world.policyDirectory.appendingPathComponent("dragbroker.conf.d/60-bench-fail-closed.conf")
+        try "[Audit]\nFailClosed=yes\n".write(to: failClosedDropIn, atomically: false, encoding: .utf8)
+        try await connection.reloadPolicy()
+        let failClosedFirstByte = try await measurePaired(op: firstByteOp, echo: ping)
+        try FileManager.default.removeItem(at: failClosedDropIn)
+        try await connection.reloadPolicy()
+        // For work on the load path: (d) and (c) only, without the minutes the rest takes.
+        if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_FIRST_BYTE_ONLY"] != nil {
+            try await drop.conclude()
+            try world.source.send("quit")
+            _ = world.source.waitForExit(timeout: 10)
+            return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
+                    "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
+                    "(d) Update", pairLine(update),
+                    "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
+                    "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
+                    "update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))"]
+        }
 
         // (b) File handover: the source's handler returns a dup of a sealed 1 GiB memfd made
         // before timing; loadFile returns the descriptor the daemon checked and reopened.
@@ -282,6 +307,8 @@ enum Orchestrator {
         report.append(pairLine(handover))
         report.append("(c) Load (after PerformDrop) → first byte read, 4 KiB data representation, first chunk of loadStream")
         report.append(pairLine(firstByte))
+        report.append("(c') the same with FailClosed=yes (the source is asked once the load's start record committed)")
+        report.append(pairLine(failClosedFirstByte))
         report.append("(d) proposal Update round trip (after Enter)")
         report.append(pairLine(update))
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
@@ -293,6 +320,7 @@ enum Orchestrator {
         report.append("pipe_ratio=\(format(ratios[BenchSizes.gib1] ?? .nan, 3))")
         report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
+        report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
         report += scale.keys
         return report

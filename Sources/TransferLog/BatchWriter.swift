@@ -2,7 +2,8 @@ import Dispatch
 import Foundation
 import GRDB
 
-/// Reported when entries could not be written; they are gone from the log.
+/// Records SQLite refused outright (a constraint, a value it cannot store): retrying cannot
+/// help, so they are dropped, reported, and counted into the log as a gap.
 public struct TransferLogWriteFailure: Error, CustomStringConvertible {
     public let underlying: any Error
     public let droppedEntries: Int
@@ -12,125 +13,388 @@ public struct TransferLogWriteFailure: Error, CustomStringConvertible {
     }
 }
 
-/// Moves entries from any thread to disk on one serial queue, so callers such
-/// as the bus event loop never wait for SQLite or fsync.
+/// What the writer tells its owner, on the writer's queue. Each change of state is told once,
+/// so an owner that logs one line per event warns once while writes fail and once when they
+/// work again, however many attempts lie between.
+public enum TransferLogEvent: Sendable {
+    /// A write failed in a way that passes (a full disk, an I/O error, a lock held too long):
+    /// `kept` records wait in memory for a retry.
+    case writesFailing(error: any Error, kept: Int)
+    /// Writes work again: `written` records that had waited are on disk.
+    case writesRecovered(written: Int, after: TimeInterval)
+    /// The records waiting reached the bound: from now on new ones are counted, not kept.
+    case queueFull(capacity: Int)
+    /// Lost records were counted into the log.
+    case gapRecorded(GapRecord)
+    /// SQLite refused records outright; they are counted as lost.
+    case rejected(TransferLogWriteFailure)
+}
+
+/// Moves entries from any thread to disk on one serial queue, so callers such as the bus event
+/// loop never wait for SQLite or fsync.
+///
+/// A failure that passes keeps the entries, in order, for a retry with backoff; only the bound
+/// on what waits in memory can lose entries, and those are counted and written as a gap once
+/// the log takes rows again. Checkpoints of running loads are kept one per load, the newest.
 ///
 /// `@unchecked` because all mutable state is guarded by `lock`.
 final class BatchWriter: @unchecked Sendable {
+    struct Submission {
+        var entry: TransferLog.Entry
+        /// Dropped, not kept, when its attempt fails: the caller refuses what it would record.
+        var mustCommit: Bool
+        /// Told once, whether the first attempt to write the entry committed.
+        var committed: (@Sendable (Bool) -> Void)?
+    }
+
+    struct CheckpointKey: Hashable {
+        var sessionID: String
+        var loadID: Int64
+    }
+
+    struct Checkpoint {
+        var bytes: Int64
+        var at: Date
+    }
+
+    /// Records counted instead of kept, by why.
+    private struct Loss {
+        var count: Int
+        var first: Date
+        var last: Date
+    }
+
+    static let firstRetryDelay: TimeInterval = 0.05
+    static let longestRetryDelay: TimeInterval = 5
+
     private let pool: DatabasePool
     private let capacity: Int
-    private let onError: (@Sendable (any Error) -> Void)?
+    private let onEvent: (@Sendable (TransferLogEvent) -> Void)?
     private let queue = DispatchQueue(label: "dragbroker.transferlog.writer")
+    /// A connection of its own that copies the WAL into the database beside the writer: a
+    /// checkpoint syncs the disk, and a load waiting for its start record must not wait for
+    /// that. Nil leaves checkpoints to SQLite, inside commits.
+    private let checkpointer: DatabaseQueue?
+    private let checkpointQueue = DispatchQueue(label: "dragbroker.transferlog.checkpoint")
+    /// Rows written since the last checkpoint began; touched on the writer's queue only.
+    private var writtenSinceCheckpoint = 0
+    /// About SQLite's own 1000 pages between checkpoints, at two to four pages a row.
+    static let rowsBetweenCheckpoints = 300
 
     private let lock = NSLock()
-    private var pending: [TransferLog.Entry] = []
-    /// Taken by a drain but not yet committed; still counts against `capacity`
-    /// because it still occupies memory.
-    private var inFlight = 0
-    /// True while a drain is queued that has not yet taken `pending`; this is
-    /// what lets `flush` rely on queue order alone.
+    private var pending: [Submission] = []
+    /// Entries that count against `capacity`, from submission until written or dropped,
+    /// whether waiting or taken by an attempt.
+    private var kept = 0
+    private var checkpoints: [CheckpointKey: Checkpoint] = [:]
+    private var losses: [String: Loss] = [:]
+    private var queueFullReported = false
+    /// A drain is queued that has not yet taken `pending`.
     private var drainScheduled = false
+    private var retryScheduled = false
+    private var retryDelay = BatchWriter.firstRetryDelay
+    /// When the current run of failures began; nil while writes work.
+    private var failingSince: Date?
     private var lastError: (any Error)?
+    private var checkpointRunning = false
 
-    init(pool: DatabasePool, capacity: Int, onError: (@Sendable (any Error) -> Void)?) {
+    init(pool: DatabasePool, checkpointer: DatabaseQueue? = nil, capacity: Int, onEvent: (@Sendable (TransferLogEvent) -> Void)?) {
         precondition(capacity > 0, "transfer log queue capacity must be positive")
         self.pool = pool
+        self.checkpointer = checkpointer
         self.capacity = capacity
-        self.onError = onError
+        self.onEvent = onEvent
     }
 
     var lastWriteError: (any Error)? {
         lock.withLock { lastError }
     }
 
-    /// Whether the most recent batch lost entries: fail-closed auditing refuses transfers
-    /// while this holds, and accepts them again once a batch commits.
-    private var failing = false
+    /// Whether the last attempt to write failed, and records wait for a retry.
     var isFailing: Bool {
-        lock.withLock { failing }
+        lock.withLock { failingSince != nil }
     }
 
+    /// Whether new records are being counted instead of kept.
     var isFull: Bool {
-        lock.withLock { pending.count + inFlight >= capacity }
+        lock.withLock { kept >= capacity }
     }
 
-    func submit(_ entry: TransferLog.Entry) -> Bool {
-        let mustSchedule: Bool? = lock.withLock {
-            guard pending.count + inFlight < capacity else { return nil }
-            pending.append(entry)
-            defer { drainScheduled = true }
-            return !drainScheduled
+    /// Queues an entry. Returns false when it was counted as lost instead (the queue is at its
+    /// bound); `committed` is then not called. An entry that `mustCommit` is never counted
+    /// against the bound: it waits only for its one attempt.
+    func submit(_ submission: Submission) -> Bool {
+        var full = false
+        let schedule: Bool? = lock.withLock {
+            if !submission.mustCommit {
+                guard kept < capacity else {
+                    countLoss(1, reason: "the queue of records waiting to be written was full (\(capacity) records)")
+                    full = !queueFullReported
+                    queueFullReported = true
+                    return nil
+                }
+                kept += 1
+            }
+            pending.append(submission)
+            // While writes fail, the retry takes what waits; a caller waiting for its answer
+            // gets an attempt of its own, so it never waits out the backoff.
+            guard !drainScheduled, failingSince == nil || submission.committed != nil else { return false }
+            drainScheduled = true
+            return true
         }
-        guard let mustSchedule else { return false }
-        if mustSchedule {
-            queue.async { self.drain() }
-        }
+        if full { onEvent?(.queueFull(capacity: capacity)) }
+        guard let schedule else { return false }
+        if schedule { queue.async { self.drain() } }
         return true
     }
 
-    /// Any entry submitted before this call is either in `pending` with a drain
-    /// queued behind it, or already taken by an earlier drain; both finish
-    /// before this empty block runs on the serial queue.
+    /// Keeps the newest byte count of a running load, written with the next batch: only the
+    /// last one before a crash matters, so earlier ones are replaced, never queued.
+    func checkpoint(_ key: CheckpointKey, _ checkpoint: Checkpoint) {
+        let schedule: Bool = lock.withLock {
+            checkpoints[key] = checkpoint
+            guard !drainScheduled, failingSince == nil else { return false }
+            drainScheduled = true
+            return true
+        }
+        if schedule { queue.async { self.drain() } }
+    }
+
+    /// Makes one attempt at everything waiting, retries included, and returns when it is done:
+    /// every entry submitted before the call is then on disk, or still waiting because the
+    /// log fails (and the owner was told).
     func flush() {
         // Waiting for ourselves would hang forever; fail loudly instead.
         dispatchPrecondition(condition: .notOnQueue(queue))
-        queue.sync {}
+        queue.sync { drain() }
     }
 
-    /// Runs `body` on the writer's queue, after every entry submitted before it.
+    /// Runs `body` on the writer's queue, after the attempts already queued: those at every
+    /// entry submitted before it, unless writes are failing and entries wait for a retry.
     func perform(_ body: @escaping @Sendable () -> Void) {
         queue.async(execute: body)
     }
 
+    // MARK: The writer's queue
+
     private func drain() {
-        let batch: [TransferLog.Entry] = lock.withLock {
+        let (batch, marks, counted): ([Submission], [CheckpointKey: Checkpoint], [String: Loss]) = lock.withLock {
             drainScheduled = false
-            inFlight += pending.count
-            defer { pending = [] }
-            return pending
+            defer {
+                pending = []
+                checkpoints = [:]
+            }
+            return (pending, checkpoints, losses)
         }
-        if !batch.isEmpty {
-            write(batch)
-        }
-        lock.withLock { inFlight -= batch.count }
-    }
-
-    private func write(_ batch: [TransferLog.Entry]) {
+        guard !batch.isEmpty || !marks.isEmpty || !counted.isEmpty else { return }
+        let gaps = counted.map { reason, loss in
+            GapRecord(recordedAt: Date(), firstLostAt: loss.first, lastLostAt: loss.last, lost: Int64(loss.count), reason: reason)
+        }.sorted { $0.firstLostAt < $1.firstLostAt }
         do {
-            try pool.write { db in
-                for entry in batch { try entry.insert(db) }
+            let written = try pool.write { db -> [GapRecord] in
+                for submission in batch { try submission.entry.write(db) }
+                for (key, mark) in marks { try mark.write(key, db) }
+                return try gaps.map { gap in
+                    var gap = gap
+                    try gap.insert(db)
+                    return gap
+                }
             }
-            lock.withLock { failing = false }
+            succeeded(batch, gaps: written, counted: counted)
+            wrote(batch.count + marks.count + written.count)
+        } catch where Self.passes(error) {
+            failed(batch[...], marks, error)
         } catch {
-            // One bad row (say, a duplicate session ID) must not take the rest
-            // of the batch with it, so retry entry by entry to isolate it.
-            var dropped = batch.count
-            if batch.count > 1 {
-                dropped = batch.filter { entry in
-                    (try? pool.write { try entry.insert($0) }) == nil
-                }.count
+            isolate(batch, marks, counted: counted, error)
+        }
+    }
+
+    private func succeeded(_ batch: [Submission], gaps: [GapRecord], counted: [String: Loss]) {
+        let recovered: TimeInterval? = lock.withLock {
+            kept -= batch.count { !$0.mustCommit }
+            for (reason, loss) in counted {
+                // Losses counted while the batch was written stay for the next one.
+                guard var now = losses[reason] else { continue }
+                now.count -= loss.count
+                if now.count <= 0 {
+                    losses[reason] = nil
+                } else {
+                    now.first = loss.last
+                    losses[reason] = now
+                }
             }
-            if dropped > 0 {
-                report(TransferLogWriteFailure(underlying: error, droppedEntries: dropped))
+            if kept < capacity { queueFullReported = false }
+            retryDelay = Self.firstRetryDelay
+            defer { failingSince = nil }
+            return failingSince.map { Date().timeIntervalSince($0) }
+        }
+        if let recovered { onEvent?(.writesRecovered(written: batch.count, after: recovered)) }
+        for gap in gaps { onEvent?(.gapRecorded(gap)) }
+        for submission in batch { submission.committed?(true) }
+    }
+
+    /// Puts back, ahead of anything submitted since, what the failed attempt took, except
+    /// entries that had to commit then or never; arms the retry.
+    private func failed(_ batch: ArraySlice<Submission>, _ marks: [CheckpointKey: Checkpoint], _ error: any Error) {
+        let keep = batch.filter { !$0.mustCommit }.map { submission in
+            var submission = submission
+            submission.committed = nil
+            return submission
+        }
+        let (first, waiting, arm): (Bool, Int, TimeInterval?) = lock.withLock {
+            pending = keep + pending
+            for (key, mark) in marks where checkpoints[key] == nil { checkpoints[key] = mark }
+            lastError = error
+            let first = failingSince == nil
+            if first { failingSince = Date() }
+            var arm: TimeInterval?
+            if !retryScheduled {
+                retryScheduled = true
+                arm = retryDelay
+                retryDelay = min(retryDelay * 2, Self.longestRetryDelay)
+            }
+            return (first, kept, arm)
+        }
+        if first { onEvent?(.writesFailing(error: error, kept: waiting)) }
+        for submission in batch { submission.committed?(false) }
+        if let arm {
+            queue.asyncAfter(deadline: .now() + arm) {
+                self.lock.withLock { self.retryScheduled = false }
+                self.drain()
             }
         }
     }
 
-    private func report(_ error: any Error) {
-        lock.withLock {
-            lastError = error
-            failing = true
+    /// One bad row (say, a duplicate ID) must not take the rest of its batch with it: each
+    /// entry alone, the ones SQLite refuses dropped and counted.
+    private func isolate(_ batch: [Submission], _ marks: [CheckpointKey: Checkpoint], counted: [String: Loss], _ batchError: any Error) {
+        var rejected = 0
+        var firstRejection: (any Error)?
+        for (index, submission) in batch.enumerated() {
+            do {
+                try pool.write { try submission.entry.write($0) }
+                lock.withLock { if !submission.mustCommit { kept -= 1 } }
+                submission.committed?(true)
+            } catch where Self.passes(error) {
+                failed(batch[index...], marks, error)
+                return
+            } catch {
+                rejected += 1
+                firstRejection = firstRejection ?? error
+                lock.withLock {
+                    if !submission.mustCommit { kept -= 1 }
+                    countLoss(1, reason: "SQLite refused them: \(error)")
+                }
+                submission.committed?(false)
+            }
         }
-        onError?(error)
+        // A checkpoint SQLite refuses is superseded by the load's end anyway.
+        for (key, mark) in marks { try? pool.write { try mark.write(key, $0) } }
+        if rejected > 0 {
+            let failure = TransferLogWriteFailure(underlying: firstRejection ?? batchError, droppedEntries: rejected)
+            lock.withLock { lastError = failure }
+            onEvent?(.rejected(failure))
+        }
+        if batch.isEmpty && marks.isEmpty {
+            // Only the gap rows were refused: nothing could record them, so say so and stop.
+            lock.withLock { for reason in counted.keys { losses[reason] = nil } }
+            onEvent?(.rejected(TransferLogWriteFailure(underlying: batchError, droppedEntries: counted.values.reduce(0) { $0 + $1.count })))
+            return
+        }
+        let again: Bool = lock.withLock {
+            guard !losses.isEmpty, !drainScheduled else { return false }
+            drainScheduled = true
+            return true
+        }
+        if again { queue.async { self.drain() } }
+    }
+
+    /// Starts a checkpoint beside the writer once enough rows have gone into the WAL; a failed
+    /// one is tried again after the next rows.
+    private func wrote(_ rows: Int) {
+        guard let checkpointer else { return }
+        writtenSinceCheckpoint += rows
+        guard writtenSinceCheckpoint >= Self.rowsBetweenCheckpoints else { return }
+        let start: Bool = lock.withLock {
+            defer { checkpointRunning = true }
+            return !checkpointRunning
+        }
+        guard start else { return }
+        writtenSinceCheckpoint = 0
+        checkpointQueue.async {
+            _ = try? checkpointer.writeWithoutTransaction { try $0.checkpoint(.passive) }
+            // The WAL starts over from its beginning (no new blocks, no growth) only once every
+            // frame is in the database, and rows written during the copy are not: the writer
+            // copies those few itself, between its batches, where no row can come in between.
+            self.queue.async {
+                _ = try? self.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
+                self.lock.withLock { self.checkpointRunning = false }
+            }
+        }
+    }
+
+    /// Called with `lock` held.
+    private func countLoss(_ count: Int, reason: String) {
+        let now = Date()
+        var loss = losses[reason] ?? Loss(count: 0, first: now, last: now)
+        loss.count += count
+        loss.last = now
+        losses[reason] = loss
+    }
+
+    /// Failures that a later attempt may not meet: the disk, the file system, a lock, memory.
+    static func passes(_ error: any Error) -> Bool {
+        guard let error = error as? DatabaseError else { return false }
+        switch error.resultCode {
+        case .SQLITE_FULL, .SQLITE_IOERR, .SQLITE_BUSY, .SQLITE_LOCKED, .SQLITE_CANTOPEN, .SQLITE_READONLY,
+             .SQLITE_NOMEM, .SQLITE_PROTOCOL, .SQLITE_PERM, .SQLITE_NOLFS:
+            return true
+        default:
+            return false
+        }
     }
 }
 
 extension TransferLog.Entry {
-    func insert(_ db: Database) throws {
+    /// Sessions and loads are written when they begin and completed when they end: the same
+    /// row either way, inserted by whichever comes first (the start may have been lost). An end
+    /// leaves the indexed columns alone (key and start), so completing a row touches no index.
+    func write(_ db: Database) throws {
         switch self {
-        case .session(let record): try record.insert(db)
-        case .load(let record): try record.insert(db)
-        case .refusal(var record): try record.insert(db)
+        case .session(let record):
+            try db.cachedStatement(sql: """
+                INSERT INTO session (sessionID, sourceApp, destinationApp, itemCount, operation, outcome, errorName, startedAt, endedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT(sessionID) DO UPDATE SET
+                    sourceApp = excluded.sourceApp, destinationApp = excluded.destinationApp, itemCount = excluded.itemCount,
+                    operation = excluded.operation, outcome = excluded.outcome, errorName = excluded.errorName,
+                    endedAt = excluded.endedAt
+                """).execute(arguments: [record.sessionID, record.sourceApp, record.destinationApp, record.itemCount, record.operation,
+                                 record.outcome, record.errorName, MicrosecondTimestamp.microseconds(record.startedAt),
+                                 MicrosecondTimestamp.microseconds(record.endedAt)])
+        case .load(let record):
+            guard let loadID = record.loadID else { return try record.insert(db) }
+            try db.cachedStatement(sql: """
+                INSERT INTO load (sessionID, loadID, sourceApp, destinationApp, typeIdentifier, bytes, startedAt, endedAt,
+                                  outcome, errorName, sourceTeam, destinationTeam)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT(sessionID, loadID) DO UPDATE SET
+                    sourceApp = excluded.sourceApp, destinationApp = excluded.destinationApp, typeIdentifier = excluded.typeIdentifier,
+                    bytes = excluded.bytes, endedAt = excluded.endedAt, outcome = excluded.outcome, errorName = excluded.errorName,
+                    sourceTeam = excluded.sourceTeam, destinationTeam = excluded.destinationTeam
+                """).execute(arguments: [record.sessionID, loadID, record.sourceApp, record.destinationApp, record.typeIdentifier, record.bytes,
+                                 MicrosecondTimestamp.microseconds(record.startedAt), MicrosecondTimestamp.microseconds(record.endedAt),
+                                 record.outcome, record.errorName, record.sourceTeam, record.destinationTeam])
+        case .refusal(var record):
+            try record.insert(db)
         }
+    }
+}
+
+extension BatchWriter.Checkpoint {
+    /// Only an open row takes a checkpoint: once the load's end is written, it is the truth.
+    func write(_ key: BatchWriter.CheckpointKey, _ db: Database) throws {
+        try db.cachedStatement(sql: "UPDATE load SET bytes = ?, endedAt = ? WHERE sessionID = ? AND loadID = ? AND outcome = ?")
+            .execute(arguments: [bytes, MicrosecondTimestamp.microseconds(at), key.sessionID, key.loadID, LoadRecord.open])
     }
 }

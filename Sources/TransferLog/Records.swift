@@ -1,7 +1,9 @@
 import Foundation
 import GRDB
 
-/// One drag session, written once when the session ends.
+/// One drag session: written with the outcome "open" when it begins, brought up to date at the
+/// drop, and completed in place when it ends. While it is open, `endedAt` is the latest time
+/// the session was known to be alive.
 public struct SessionRecord: Sendable, Codable, Equatable, FetchableRecord, PersistableRecord {
     public static let databaseTableName = "session"
 
@@ -11,11 +13,15 @@ public struct SessionRecord: Sendable, Codable, Equatable, FetchableRecord, Pers
     public var itemCount: Int
     /// "cancel", "copy", "move" or "forbidden".
     public var operation: String
-    /// Free text chosen by the daemon, e.g. "completed", "cancelled", "source-disconnected".
+    /// Free text chosen by the daemon, e.g. "completed", "cancelled", "source-disconnected";
+    /// "open" while it runs, "interrupted" when the daemon died before it ended.
     public var outcome: String
     public var errorName: String?
     public var startedAt: Date
     public var endedAt: Date
+
+    public static let open = "open"
+    public static let interrupted = "interrupted"
 
     public init(
         sessionID: String, sourceApp: String, destinationApp: String?, itemCount: Int,
@@ -42,27 +48,37 @@ public struct SessionRecord: Sendable, Codable, Equatable, FetchableRecord, Pers
     }
 }
 
-/// One data transfer from a source to a destination within a session.
+/// One data transfer from a source to a destination within a session: written with the outcome
+/// "open" when it starts, its bytes checkpointed while it runs, and completed in place when it
+/// ends. While it is open, `bytes` and `endedAt` are those of its last checkpoint (at first, its
+/// start).
 public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, PersistableRecord {
     public static let databaseTableName = "load"
 
     /// Assigned by SQLite; nil until the record has been written.
     public var id: Int64?
     public var sessionID: String
+    /// The load's number within its session, as the bus names it; with `sessionID` it finds the
+    /// row a load's end completes. Nil in records from before write-ahead auditing.
+    public var loadID: Int64?
     public var sourceApp: String
     public var destinationApp: String
     public var typeIdentifier: String
     public var bytes: Int64
     public var startedAt: Date
     public var endedAt: Date
-    /// Free text chosen by the daemon, e.g. "completed", "failed", "cancelled".
+    /// Free text chosen by the daemon, e.g. "completed", "failed", "cancelled"; "open" while
+    /// it runs, "interrupted" when the daemon died before it ended.
     public var outcome: String
     public var errorName: String?
     public var sourceTeam: String?
     public var destinationTeam: String?
 
+    public static let open = SessionRecord.open
+    public static let interrupted = SessionRecord.interrupted
+
     public init(
-        id: Int64? = nil, sessionID: String, sourceApp: String, destinationApp: String,
+        id: Int64? = nil, sessionID: String, loadID: Int64? = nil, sourceApp: String, destinationApp: String,
         typeIdentifier: String, bytes: Int64, startedAt: Date, endedAt: Date,
         outcome: String, errorName: String? = nil, sourceTeam: String? = nil, destinationTeam: String? = nil
     ) {
@@ -70,6 +86,7 @@ public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, Persist
         self.destinationTeam = destinationTeam
         self.id = id
         self.sessionID = sessionID
+        self.loadID = loadID
         self.sourceApp = sourceApp
         self.destinationApp = destinationApp
         self.typeIdentifier = typeIdentifier
@@ -121,6 +138,42 @@ public struct RefusalRecord: Codable, Equatable, Sendable, FetchableRecord, Muta
         self.errorName = errorName
         self.message = message
         self.rule = rule
+    }
+
+    public mutating func didInsert(_ inserted: InsertionSuccess) {
+        id = inserted.rowID
+    }
+
+    public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
+        MicrosecondTimestamp.encoding
+    }
+
+    public static func databaseDateDecodingStrategy(for column: String) -> DatabaseDateDecodingStrategy {
+        MicrosecondTimestamp.decoding
+    }
+}
+
+/// Records the log could not keep, counted instead: written as soon as the log can take a
+/// row again, so a reader knows the log is incomplete, when, by how much, and why.
+public struct GapRecord: Codable, Equatable, Sendable, FetchableRecord, MutablePersistableRecord {
+    public static let databaseTableName = "gap"
+
+    public var id: Int64?
+    /// When the gap itself was written.
+    public var recordedAt: Date
+    public var firstLostAt: Date
+    public var lastLostAt: Date
+    /// How many records were lost.
+    public var lost: Int64
+    public var reason: String
+
+    public init(id: Int64? = nil, recordedAt: Date, firstLostAt: Date, lastLostAt: Date, lost: Int64, reason: String) {
+        self.id = id
+        self.recordedAt = recordedAt
+        self.firstLostAt = firstLostAt
+        self.lastLostAt = lastLostAt
+        self.lost = lost
+        self.reason = reason
     }
 
     public mutating func didInsert(_ inserted: InsertionSuccess) {

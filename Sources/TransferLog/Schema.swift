@@ -61,6 +61,30 @@ enum Schema {
             }
         }
 
+        migrator.registerMigration("v4-write-ahead") { db in
+            // A load is recorded when it starts (outcome "open") and completed in place when it
+            // ends, so a crash in between leaves it on record. Rows from before have no loadID;
+            // SQLite treats their NULLs as distinct, so they never collide with each other.
+            try db.alter(table: "load") { t in
+                t.add(column: "loadID", .integer)
+            }
+            try db.create(index: "load_on_sessionID_loadID", on: "load", columns: ["sessionID", "loadID"], unique: true)
+            // The new index answers every lookup by session, and each index costs every load's
+            // start a page write that the load waits for. Open rows are looked for only once,
+            // at start after a crash: a scan, not an index.
+            try db.drop(index: "load_on_sessionID")
+            // Records the daemon could not keep: how many, between when, and why. A log with a
+            // gap says so, rather than looking complete.
+            try db.create(table: "gap") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("recordedAt", .integer).notNull()
+                t.column("firstLostAt", .integer).notNull()
+                t.column("lastLostAt", .integer).notNull().indexed()
+                t.column("lost", .integer).notNull()
+                t.column("reason", .text).notNull()
+            }
+        }
+
         return migrator
     }()
 }

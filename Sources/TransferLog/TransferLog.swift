@@ -35,20 +35,22 @@ public final class TransferLog: Sendable {
 
     public static let defaultQueueCapacity = 10_000
 
-    private let pool: DatabasePool
+    /// Internal for tests, which reach the writer connection (say, to cap the file as a full disk would).
+    let pool: DatabasePool
     /// Nil for read-only logs.
     private let writer: BatchWriter?
 
     /// Opens (creating if needed) the log for writing and migrates it.
     ///
     /// - Parameters:
-    ///   - queueCapacity: entries held in memory before `submit` starts refusing.
-    ///   - onWriteError: called on the writer's queue, never on the submitter's;
-    ///     it must not call `flush()`.
+    ///   - queueCapacity: records kept in memory while they cannot be written; past it, new
+    ///     ones are counted and recorded as a gap instead.
+    ///   - onEvent: called on the writer's queue, never on the submitter's; it must not call
+    ///     `flush()`.
     public convenience init(
         path: String,
         queueCapacity: Int = TransferLog.defaultQueueCapacity,
-        onWriteError: (@Sendable (any Error) -> Void)? = nil
+        onEvent: (@Sendable (TransferLogEvent) -> Void)? = nil
     ) throws {
         // Session history reveals which apps the user works with: keep it private.
         try Self.createPrivately(path: path)
@@ -56,9 +58,14 @@ public final class TransferLog: Sendable {
         // Only the writer queue ever waits here, never the bus loop, so waiting
         // out a concurrent checkpoint beats dropping a batch.
         config.busyMode = .timeout(5)
+        // Checkpoints run on a connection of their own, beside the writer (BatchWriter).
+        config.prepareDatabase { db in try db.execute(sql: "PRAGMA wal_autocheckpoint = 0") }
         let pool = try DatabasePool(path: path, configuration: config)
         try Schema.migrator.migrate(pool)
-        self.init(pool: pool, writer: BatchWriter(pool: pool, capacity: queueCapacity, onError: onWriteError))
+        var checkpointing = Configuration()
+        checkpointing.busyMode = .timeout(5)
+        let checkpointer = try DatabaseQueue(path: path, configuration: checkpointing)
+        self.init(pool: pool, writer: BatchWriter(pool: pool, checkpointer: checkpointer, capacity: queueCapacity, onEvent: onEvent))
     }
 
     /// Makes the log's missing directories 0700 and its files 0600, whatever the process umask.
@@ -120,36 +127,126 @@ public final class TransferLog: Sendable {
         self.writer = writer
     }
 
-    /// Queues an entry for the background writer without touching the disk.
+    /// Queues an entry for the background writer without touching the disk. While the log
+    /// cannot be written, entries wait in memory for a retry, up to the queue's capacity.
     ///
-    /// - Returns: false if the queue is full or the log is read-only; the entry
-    ///   is then not recorded.
+    /// - Returns: false if the log is read-only, or the queue is at its capacity: the entry is
+    ///   then counted into the next gap instead.
     @discardableResult
     public func submit(_ entry: Entry) -> Bool {
-        writer?.submit(entry) ?? false
+        writer?.submit(.init(entry: entry, mustCommit: false, committed: nil)) ?? false
     }
 
-    /// Blocks until every entry submitted before the call is committed (or has
-    /// failed and been reported). Do not call from the bus event loop.
+    /// Queues an entry and tells, on the writer's queue, whether the first attempt to write it
+    /// committed: a caller can hold back what the entry records until it is on disk. An entry
+    /// that `mustCommit` is dropped rather than kept when that attempt fails, since its caller
+    /// then refuses what it would have recorded; such an entry is never counted as lost.
+    ///
+    /// - Returns: false if the entry was not queued (see `submit(_:)`); `committed` is then
+    ///   never called.
+    @discardableResult
+    public func submit(_ entry: Entry, mustCommit: Bool, committed: @escaping @Sendable (Bool) -> Void) -> Bool {
+        writer?.submit(.init(entry: entry, mustCommit: mustCommit, committed: committed)) ?? false
+    }
+
+    /// Brings the open record of a running load up to date with its bytes so far, at `at`, so
+    /// a crash leaves them on record. Written with the next batch; only the newest per load is
+    /// kept, and it is ignored once the load's end is written.
+    public func checkpoint(sessionID: String, loadID: Int64, bytes: Int64, at: Date) {
+        writer?.checkpoint(.init(sessionID: sessionID, loadID: loadID), .init(bytes: bytes, at: at))
+    }
+
+    /// Makes one attempt to write everything waiting, and returns when it is done: every entry
+    /// submitted before the call is committed, or still waits because the log cannot be written
+    /// (and `onEvent` was told). Do not call from the bus event loop.
     public func flush() {
         writer?.flush()
     }
 
-    /// Whether records are being lost right now: the last batch failed, or the queue is full.
+    /// Whether the last attempt to write failed and records wait for a retry.
     public var isFailing: Bool {
-        guard let writer else { return true }
-        return writer.isFailing || writer.isFull
+        writer?.isFailing ?? true
     }
 
-    /// The most recent failure to write a batch, if any; kept until replaced.
+    /// Whether new records are being counted as lost instead of kept: the queue is at its capacity.
+    public var isLosingRecords: Bool {
+        writer?.isFull ?? true
+    }
+
+    /// The most recent failure to write, if any; kept until replaced.
     public var lastWriteError: (any Error)? {
         writer?.lastWriteError
     }
 
+    // MARK: After a crash
+
+    /// What `closeOpenRecords` found: records left open by a daemon that never ended them.
+    public struct Recovery: Sendable, Equatable {
+        public var sessions = 0
+        public var loads = 0
+        /// Records whose end is their last checkpoint (for a session, its drop or its loads'
+        /// last checkpoint), and records that had none, which end at their start.
+        public var endedAtCheckpoint = 0
+        public var endedAtStart = 0
+    }
+
+    /// Closes every session and load left open, as a daemon that died leaves them, with the
+    /// outcome "interrupted" and `errorName`: each ends at the latest time it was known alive,
+    /// its last checkpoint, else its start. Call before the daemon records anything itself.
+    public func closeOpenRecords(errorName: String) throws -> Recovery {
+        try pool.write { db in
+            let open = LoadRecord.open
+            var recovery = Recovery()
+            // A session was alive at least as long as any of its loads.
+            try db.execute(sql: """
+                UPDATE session SET endedAt = MAX(endedAt, COALESCE((SELECT MAX(load.endedAt) FROM load
+                    WHERE load.sessionID = session.sessionID), endedAt))
+                WHERE outcome = ?
+                """, arguments: [open])
+            for table in ["session", "load"] {
+                let row = try Row.fetchOne(db, sql: """
+                    SELECT COUNT(*) AS n, COALESCE(SUM(endedAt > startedAt), 0) AS later FROM \(table) WHERE outcome = ?
+                    """, arguments: [open])
+                let count: Int = row?["n"] ?? 0
+                let later: Int = row?["later"] ?? 0
+                if table == "session" { recovery.sessions = count } else { recovery.loads = count }
+                recovery.endedAtCheckpoint += later
+                recovery.endedAtStart += count - later
+                try db.execute(sql: "UPDATE \(table) SET outcome = ?, errorName = ? WHERE outcome = ?",
+                               arguments: [LoadRecord.interrupted, errorName, open])
+            }
+            return recovery
+        }
+    }
+
+    /// `closeOpenRecords(errorName:)` on the writer's queue, reported there.
+    public func closeOpenRecords(errorName: String, then report: @escaping @Sendable (Result<Recovery, any Error>) -> Void) {
+        guard let writer else { return report(.failure(TransferLogError.readOnly)) }
+        writer.perform { report(Result { try self.closeOpenRecords(errorName: errorName) }) }
+    }
+
+    // MARK: Reading
+
+    /// Gaps in the log, newest first.
+    public func gaps(limit: Int = 100) throws -> [GapRecord] {
+        try pool.read { db in
+            try GapRecord.order(Column("lastLostAt").desc, Column("id").desc).limit(limit).fetchAll(db)
+        }
+    }
+
+    /// How many records the log is known to be missing, over every gap.
+    public func lostRecords() throws -> Int64 {
+        try pool.read { db in try Int64.fetchOne(db, sql: "SELECT COALESCE(SUM(lost), 0) FROM gap") ?? 0 }
+    }
+
     /// Newest first.
-    public func sessions(limit: Int = 100) throws -> [SessionRecord] {
+    ///
+    /// - Parameter includingOpen: also sessions still running, or left open by a crash the
+    ///   daemon has not yet recovered from; by default only those that ended.
+    public func sessions(limit: Int = 100, includingOpen: Bool = false) throws -> [SessionRecord] {
         try pool.read { db in
             try SessionRecord
+                .filter(includingOpen || Column("outcome") != SessionRecord.open)
                 .order(Column("startedAt").desc, Column("sessionID").desc)
                 .limit(limit)
                 .fetchAll(db)
@@ -187,16 +284,19 @@ public final class TransferLog: Sendable {
         writer.perform { report(Result { try self.highestSessionNumber(prefix: prefix) }) }
     }
 
-    /// Deletes records that ended before `cutoff`; returns how many went.
+    /// Deletes records that ended before `cutoff`; returns how many went. Open records stay,
+    /// however old their start: they have not ended.
     @discardableResult
     public func prune(endedBefore cutoff: Date) throws -> Int {
         let micros = Int64((cutoff.timeIntervalSince1970 * 1_000_000).rounded())
         return try pool.write { db in
-            try db.execute(sql: "DELETE FROM session WHERE endedAt < ?", arguments: [micros])
+            try db.execute(sql: "DELETE FROM session WHERE endedAt < ? AND outcome != ?", arguments: [micros, SessionRecord.open])
             var removed = db.changesCount
-            try db.execute(sql: "DELETE FROM load WHERE endedAt < ?", arguments: [micros])
+            try db.execute(sql: "DELETE FROM load WHERE endedAt < ? AND outcome != ?", arguments: [micros, LoadRecord.open])
             removed += db.changesCount
             try db.execute(sql: "DELETE FROM refusal WHERE at < ?", arguments: [micros])
+            removed += db.changesCount
+            try db.execute(sql: "DELETE FROM gap WHERE lastLostAt < ?", arguments: [micros])
             return removed + db.changesCount
         }
     }
@@ -279,7 +379,7 @@ public final class TransferLog: Sendable {
         }
     }
 
-    /// Newest first, filtered.
+    /// Newest first, filtered; loads still running (outcome "open") are listed too.
     public func loads(limit: Int, filter: LoadFilter) throws -> [LoadRecord] {
         try pool.read { db in
             var request = LoadRecord.all()
@@ -294,9 +394,13 @@ public final class TransferLog: Sendable {
     }
 
     /// Newest first, optionally restricted to one session.
-    public func loads(limit: Int = 100, sessionID: String? = nil) throws -> [LoadRecord] {
+    ///
+    /// - Parameter includingOpen: also loads still running (with their last checkpoint), or
+    ///   left open by a crash the daemon has not yet recovered from; by default only those that
+    ///   ended, whose records are final.
+    public func loads(limit: Int = 100, sessionID: String? = nil, includingOpen: Bool = false) throws -> [LoadRecord] {
         try pool.read { db in
-            var request = LoadRecord.all()
+            var request = LoadRecord.filter(includingOpen || Column("outcome") != LoadRecord.open)
             if let sessionID {
                 request = request.filter(Column("sessionID") == sessionID)
             }

@@ -42,7 +42,7 @@ final class Daemon {
         self.logger = logger
         self.policyDirectory = policyDirectory
         registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
-        audit = AuditSink(transferLog: transferLog, monitors: Monitors(bus: bus, logger: logger), logger: logger)
+        audit = AuditSink(transferLog: transferLog, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
         dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger)
     }
 
@@ -90,7 +90,7 @@ final class Daemon {
     var loadRules: LoadRules {
         let policy = registry.policy
         return LoadRules(flow: registry.flow, limits: Limits(policy.limits),
-                         auditRefuses: policy.audit.failClosed && audit.isFailing)
+                         auditRefuses: policy.audit.failClosed && audit.isLosingRecords, failClosed: policy.audit.failClosed)
     }
 
     /// The session count changed: tell the bus, systemd's status line and the idle timer, once

@@ -14,6 +14,7 @@ struct Options {
     var stateDirectory: String?
     var policyDirectory = "/etc/dragbroker"
     var exitIdleTime: UInt64?
+    var auditQueueLimit = TransferLog.defaultQueueCapacity
 
     static let usage = """
         Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR] [--exit-idle-time SEC]
@@ -26,6 +27,8 @@ struct Options {
           --policy-directory DIR   read dragbroker.conf and dragbroker.conf.d/*.conf from DIR
                                    (default: /etc/dragbroker); reloaded on SIGHUP
           --exit-idle-time SEC     exit after SEC seconds without any session (for bus activation)
+          --audit-queue-limit N    for tests: keep at most N records in memory while the transfer
+                                   log cannot be written, counting any more as a gap (default 10000)
           --version                print the version and exit
           -h, --help               print this help and exit
         """
@@ -46,6 +49,10 @@ struct Options {
                 let text = value(argument)
                 guard let seconds = UInt64(text), seconds > 0 else { fail("--exit-idle-time needs a positive number of seconds, not '\(text)'") }
                 options.exitIdleTime = seconds * 1_000_000
+            case "--audit-queue-limit":
+                let text = value(argument)
+                guard let limit = Int(text), limit > 0 else { fail("--audit-queue-limit needs a positive number, not '\(text)'") }
+                options.auditQueueLimit = limit
             case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
             case "-h", "--help": print(usage); exit(0)
             default: fail("unknown argument '\(argument)'")
@@ -93,8 +100,24 @@ func runDaemon() -> Int32 {
         }
         let loop = try EventLoop()
         let path = transferLogPath(options)
-        let transferLog = try TransferLog(path: path) { error in
-            Logger(label: "dragbrokerd").error("Failed to write the transfer log: \(error)")
+        let transferLog = try TransferLog(path: path, queueCapacity: options.auditQueueLimit) { event in
+            AuditSink.log(event, to: Logger(label: "dragbrokerd"))
+        }
+        // What a daemon that died mid-transfer left open is closed first, as interrupted: every
+        // party heard that the broker went away. Nothing of this run is on record yet.
+        transferLog.closeOpenRecords(errorName: BrokerErrorCode.disconnected.busName) { [logger] result in
+            switch result {
+            case .success(let recovery) where recovery.sessions + recovery.loads > 0:
+                logger.warning("""
+                    Recorded \(recovery.sessions) session(s) and \(recovery.loads) load(s) left open by an unclean exit as \
+                    interrupted, each ending at its last checkpoint (\(recovery.endedAtCheckpoint)) or, with none, at its start \
+                    (\(recovery.endedAtStart))
+                    """)
+            case .success:
+                break
+            case .failure(let error):
+                logger.error("Failed to close the records an unclean exit left open: \(error); they stay open until the next start")
+            }
         }
         // Session IDs continue after the log's highest, read on the log's own queue while the
         // bus connects; nothing is served before it is known.

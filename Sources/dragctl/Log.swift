@@ -2,6 +2,7 @@
 // and stats.
 import ArgumentParser
 import BrokerProtocol
+import Foundation
 import TransferLog
 
 struct LogOptions: ParsableArguments {
@@ -36,7 +37,7 @@ struct Log: AsyncParsableCommand {
     @Option(help: "Only loads of this type.")
     var type: String?
 
-    @Option(help: "Only loads with this outcome: completed, cancelled, timed-out, denied, disconnected, failed.")
+    @Option(help: "Only loads with this outcome: completed, cancelled, timed-out, denied, disconnected, failed, interrupted, or open (still running).")
     var outcome: String?
 
     @OptionGroup var output: OutputOptions
@@ -44,6 +45,9 @@ struct Log: AsyncParsableCommand {
     struct Report: Encodable {
         var sessions: [SessionRecord]
         var loads: [LoadRecord]
+        /// Records the daemon could not write, counted instead: the log is incomplete.
+        var lostRecords: Int64
+        var gaps: [GapRecord]
     }
 
     func validate() throws {
@@ -59,13 +63,13 @@ struct Log: AsyncParsableCommand {
             let log = try location.open()
             let loads = try log.loads(limit: limit, filter: filter)
             let ids = Set(loads.map(\.sessionID))
-            let sessions = try log.sessions(limit: limit).filter { !filtered || ids.contains($0.sessionID) }
-            report = Report(sessions: sessions, loads: loads)
+            let sessions = try log.sessions(limit: limit, includingOpen: true).filter { !filtered || ids.contains($0.sessionID) }
+            report = Report(sessions: sessions, loads: loads, lostRecords: try log.lostRecords(), gaps: try log.gaps())
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
         }
         if output.mode != .off { return try output.printJSON(report) }
-        output.page(output.table(
+        output.page((gapWarning(lost: report.lostRecords, report.gaps).map { $0 + "\n\n" } ?? "") + output.table(
             ["SESSION", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
             report.sessions.map { [$0.sessionID, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
             legend: "\(plural(report.sessions.count, "session")) listed.") + "\n\n" + output.table(
@@ -73,6 +77,13 @@ struct Log: AsyncParsableCommand {
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
             legend: "\(plural(report.loads.count, "load")) listed."))
     }
+}
+
+/// The first thing `log` and `stats` say when the log is incomplete, nil when it is whole.
+func gapWarning(lost: Int64, _ gaps: [GapRecord]) -> String? {
+    guard lost > 0, let last = gaps.first else { return nil }
+    return "Warning: the transfer log is missing \(plural(Int(lost), "record")) that dragbrokerd could not write "
+        + "(\(plural(gaps.count, "gap")), the last at \(timestamp(last.lastLostAt))); dragctl stats lists them."
 }
 
 /// The checks `log` and `refusals` share: times `parseTime` reads, and a positive limit.
@@ -144,6 +155,9 @@ struct Stats: AsyncParsableCommand {
         var byDestinationApp: [TransferLog.Total]
         var byType: [TransferLog.Total]
         var byOutcome: [TransferLog.Total]
+        /// Records the daemon could not write, counted instead: the totals are short by them.
+        var lostRecords: Int64
+        var gaps: [GapRecord]
     }
 
     func run() async throws {
@@ -151,15 +165,23 @@ struct Stats: AsyncParsableCommand {
         do {
             let log = try location.open()
             report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
-                            byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"))
+                            byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"),
+                            lostRecords: try log.lostRecords(), gaps: try log.gaps())
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
         }
         if output.mode != .off { return try output.printJSON(report) }
-        let tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
+        var tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
                       ("TYPE", report.byType), ("OUTCOME", report.byOutcome)].map { title, totals in
             output.table([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
                          legend: "\(totals.count) \(totals.count == 1 ? "entry" : "entries") listed.")
+        }
+        if let warning = gapWarning(lost: report.lostRecords, report.gaps) {
+            tables.insert(warning, at: 0)
+            tables.append(output.table(
+                ["GAP", "FIRST LOST", "LAST LOST", "LOST", "REASON"],
+                report.gaps.map { [String($0.id ?? 0), timestamp($0.firstLostAt), timestamp($0.lastLostAt), String($0.lost), $0.reason] },
+                legend: "\(plural(report.gaps.count, "gap")) listed, \(plural(Int(report.lostRecords), "record")) lost."))
         }
         output.page(tables.joined(separator: "\n\n") + "\n")
     }

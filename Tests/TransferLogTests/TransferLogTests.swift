@@ -14,6 +14,9 @@ final class TransferLogTests: XCTestCase {
     }
 
     override func tearDownWithError() throws {
+        if let mounted {
+            try run("/bin/umount", "--lazy", mounted.path)
+        }
         try FileManager.default.removeItem(at: directory)
     }
 
@@ -136,7 +139,7 @@ final class TransferLogTests: XCTestCase {
         _ = try TransferLog(path: logPath)
         XCTAssertEqual(
             try strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
-            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams"])
+            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams", "v4-write-ahead"])
     }
 
     func testPruneRemovesOnlyOldRecords() throws {
@@ -217,10 +220,10 @@ final class TransferLogTests: XCTestCase {
         try Schema.migrator.migrate(pool)
         let commits = CommitCounter()
         pool.add(transactionObserver: commits)
-        let writer = BatchWriter(pool: pool, capacity: TransferLog.defaultQueueCapacity, onError: nil)
+        let writer = BatchWriter(pool: pool, capacity: TransferLog.defaultQueueCapacity, onEvent: nil)
         let release = DispatchSemaphore(value: 0)
         writer.perform { release.wait() }
-        for i in 0..<500 { _ = writer.submit(.session(session("s-\(i)"))) }
+        for i in 0..<500 { _ = writer.submit(.init(entry: .session(session("s-\(i)")), mustCommit: false, committed: nil)) }
         release.signal()
         writer.flush()
         XCTAssertEqual(commits.count, 1)
@@ -258,28 +261,241 @@ final class TransferLogTests: XCTestCase {
         release.signal()
         log.flush()
         XCTAssertEqual(try log.sessions().map(\.sessionID).sorted(), ["s-0", "s-1", "s-2"])
+        // The one that did not fit is counted, and the count is on record with the batch.
+        let gaps = try log.gaps()
+        XCTAssertEqual(gaps.map(\.lost), [1])
+        XCTAssertEqual(gaps.map(\.reason), ["the queue of records waiting to be written was full (3 records)"])
+        XCTAssertEqual(try log.lostRecords(), 1)
         // Capacity is released once the batch is on disk.
         XCTAssertTrue(log.submit(.session(session("s-3"))))
         log.flush()
         XCTAssertEqual(try log.sessions().count, 4)
+        XCTAssertEqual(try log.gaps().count, 1, "a gap is recorded once")
     }
 
-    func testBadEntryIsReportedWithoutLosingTheRestOfItsBatch() throws {
-        let reported = ErrorBox()
-        let log = try TransferLog(path: logPath, onWriteError: { reported.append($0) })
+    func testBadEntryIsReportedAndCountedWithoutLosingTheRestOfItsBatch() throws {
+        let reported = EventBox()
+        let log = try TransferLog(path: logPath, onEvent: { reported.append($0) })
         let release = holdWriter(of: log)
-        log.submit(.session(session("dup")))
-        log.submit(.session(session("dup")))
+        let refusal = RefusalRecord(id: 7, at: t0, app: "org.example.Mail", uid: 1000, pid: 42, action: "Load", sessionID: "s1",
+                                    subject: "text/plain", errorName: "org.dragbroker.Broker1.Error.WrongState", message: "no", rule: nil)
+        log.submit(.refusal(refusal))
+        log.submit(.refusal(refusal))  // the same primary key: SQLite refuses it, for good
         log.submit(.load(load()))
         release.signal()
         log.flush()
 
-        XCTAssertEqual(try log.sessions().map(\.sessionID), ["dup"])
+        XCTAssertEqual(try log.refusals().map(\.id), [7])
         XCTAssertEqual(try log.loads().count, 1)
         let failure = try XCTUnwrap(log.lastWriteError as? TransferLogWriteFailure)
         XCTAssertEqual(failure.droppedEntries, 1)
-        XCTAssertEqual(reported.errors.count, 1)
-        XCTAssertEqual((reported.errors.first as? TransferLogWriteFailure)?.droppedEntries, 1)
+        XCTAssertEqual(reported.names, ["rejected 1", "gapRecorded 1"])
+        let gap = try XCTUnwrap(try log.gaps().first)
+        XCTAssertEqual(gap.lost, 1)
+        XCTAssertTrue(gap.reason.hasPrefix("SQLite refused them: "), gap.reason)
+        XCTAssertFalse(log.isFailing, "a bad row is no failure of the log")
+    }
+
+    // MARK: Write-ahead records
+
+    private func openLoad(_ loadID: Int64, sessionID: String = "s1") -> LoadRecord {
+        var record = load(sessionID: sessionID, bytes: 0)
+        record.loadID = loadID
+        record.endedAt = record.startedAt
+        record.outcome = LoadRecord.open
+        return record
+    }
+
+    /// A session and a load are each one row from start to end: the end completes the row the
+    /// start opened, checkpoints move an open row's bytes and time, and never a closed one's.
+    func testTheEndCompletesTheRowTheStartOpened() throws {
+        let log = try TransferLog(path: logPath)
+        var opened = session("s1")
+        opened.outcome = SessionRecord.open
+        opened.endedAt = opened.startedAt
+        log.submit(.session(opened))
+        log.submit(.load(openLoad(1)))
+        log.submit(.load(openLoad(2)))
+        log.flush()
+        XCTAssertEqual(try log.sessions(includingOpen: true).map(\.outcome), ["open"])
+        XCTAssertEqual(try log.loads(includingOpen: true).map(\.outcome), ["open", "open"])
+        XCTAssertEqual(try log.sessions(), [], "by default, only what ended")
+        XCTAssertEqual(try log.loads(), [])
+
+        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 1000, at: t0.addingTimeInterval(1))
+        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 5000, at: t0.addingTimeInterval(2))
+        log.flush()
+        let checkpointed = try XCTUnwrap(try log.loads(includingOpen: true).first { $0.loadID == 1 })
+        XCTAssertEqual(checkpointed.bytes, 5000, "the newest checkpoint")
+        XCTAssertEqual(checkpointed.endedAt, t0.addingTimeInterval(2))
+        XCTAssertEqual(checkpointed.outcome, "open")
+
+        var ended = openLoad(1)
+        ended.bytes = 6000
+        ended.endedAt = t0.addingTimeInterval(3)
+        ended.outcome = "completed"
+        log.submit(.load(ended))
+        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 5500, at: t0.addingTimeInterval(2.5))  // late: ignored
+        log.submit(.session(session("s1")))
+        log.flush()
+        let loads = try log.loads(includingOpen: true).sorted { $0.loadID! < $1.loadID! }
+        XCTAssertEqual(loads.map(\.loadID), [1, 2])
+        XCTAssertEqual(loads.map(\.outcome), ["completed", "open"])
+        XCTAssertEqual(loads.map(\.bytes), [6000, 0])
+        XCTAssertEqual(loads[0].endedAt, t0.addingTimeInterval(3))
+        XCTAssertEqual(try log.sessions(), [session("s1")])
+        XCTAssertEqual(try strings(sql: "SELECT CAST(count(*) AS TEXT) FROM load"), ["2"])
+    }
+
+    /// A start that was lost still leaves its end on record, as a row of its own.
+    func testAnEndWithoutItsStartIsInserted() throws {
+        let log = try TransferLog(path: logPath)
+        var ended = openLoad(3)
+        ended.outcome = "completed"
+        log.submit(.load(ended))
+        log.submit(.session(session("s1")))
+        log.flush()
+        XCTAssertEqual(try log.loads().map(\.outcome), ["completed"])
+        XCTAssertEqual(try log.sessions(), [session("s1")])
+    }
+
+    /// What a crashed daemon left open is closed as interrupted, at its last checkpoint, else
+    /// its start; a session at the latest of its loads; closed records stay as they were.
+    func testCloseOpenRecordsEndsEachAtItsLastCheckpointElseItsStart() throws {
+        let log = try TransferLog(path: logPath)
+        var opened = session("s1")
+        opened.outcome = SessionRecord.open
+        opened.endedAt = opened.startedAt
+        log.submit(.session(opened))
+        var untouched = session("s2")
+        untouched.outcome = SessionRecord.open
+        untouched.endedAt = untouched.startedAt
+        log.submit(.session(untouched))
+        log.submit(.session(session("s0")))
+        log.submit(.load(openLoad(1)))
+        log.submit(.load(openLoad(2)))
+        log.checkpoint(sessionID: "s1", loadID: 2, bytes: 131_072, at: t0.addingTimeInterval(4))
+        log.flush()
+
+        let recovery = try log.closeOpenRecords(errorName: "org.dragbroker.Broker1.Error.Disconnected")
+        XCTAssertEqual(recovery, .init(sessions: 2, loads: 2, endedAtCheckpoint: 2, endedAtStart: 2))
+        let loads = try log.loads().sorted { $0.loadID! < $1.loadID! }
+        XCTAssertEqual(loads.map(\.outcome), ["interrupted", "interrupted"])
+        XCTAssertEqual(loads.map(\.errorName), ["org.dragbroker.Broker1.Error.Disconnected", "org.dragbroker.Broker1.Error.Disconnected"])
+        XCTAssertEqual(loads.map(\.bytes), [0, 131_072])
+        XCTAssertEqual(loads.map(\.endedAt), [loads[0].startedAt, t0.addingTimeInterval(4)])
+        let sessions = Dictionary(uniqueKeysWithValues: try log.sessions().map { ($0.sessionID, $0) })
+        XCTAssertEqual(sessions["s1"]?.outcome, "interrupted")
+        XCTAssertEqual(sessions["s1"]?.endedAt, t0.addingTimeInterval(4), "the session lived as long as its load")
+        XCTAssertEqual(sessions["s2"]?.endedAt, t0, "no checkpoint: its start")
+        XCTAssertEqual(sessions["s0"], session("s0"))
+        XCTAssertEqual(try log.closeOpenRecords(errorName: "x"), .init(), "nothing is left open")
+    }
+
+    func testPruneKeepsOpenRecords() throws {
+        let log = try TransferLog(path: logPath)
+        log.submit(.load(openLoad(1)))
+        log.submit(.load(load(sessionID: "old")))
+        log.flush()
+        XCTAssertEqual(try log.prune(endedBefore: t0.addingTimeInterval(86_400)), 1)
+        XCTAssertEqual(try log.loads(includingOpen: true).map(\.outcome), ["open"])
+    }
+
+    // MARK: A full disk
+
+    /// A log on a file system of its own, 2 MiB of tmpfs, that `fill` fills as a full disk is
+    /// full and `free` frees. Every commit appends to the WAL, so once the file system is full
+    /// every write fails with SQLITE_FULL, as on a real disk.
+    private func logOnSmallFileSystem(queueCapacity: Int = TransferLog.defaultQueueCapacity,
+                                      onEvent: (@Sendable (TransferLogEvent) -> Void)? = nil) throws -> TransferLog {
+        let mountPoint = directory.appendingPathComponent("small")
+        try FileManager.default.createDirectory(at: mountPoint, withIntermediateDirectories: true)
+        try run("/bin/mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", mountPoint.path)
+        mounted = mountPoint
+        return try TransferLog(path: mountPoint.appendingPathComponent("transfers.sqlite").path, queueCapacity: queueCapacity,
+                               onEvent: onEvent)
+    }
+
+    private var mounted: URL?
+    private var filler: URL? { mounted?.appendingPathComponent("filler") }
+
+    private func fill() throws {
+        let descriptor = open(try XCTUnwrap(filler).path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        XCTAssertGreaterThanOrEqual(descriptor, 0)
+        defer { close(descriptor) }
+        let block = [UInt8](repeating: 0, count: 4096)
+        while write(descriptor, block, block.count) > 0 {}
+        XCTAssertEqual(errno, ENOSPC)
+    }
+
+    private func free() throws {
+        try FileManager.default.removeItem(at: try XCTUnwrap(filler))
+    }
+
+    private func run(_ arguments: String...) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: arguments[0])
+        process.arguments = Array(arguments.dropFirst())
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw CocoaError(.fileWriteUnknown) }
+    }
+
+    /// While writes fail, records wait in order and are written when space returns; past the
+    /// bound they are counted, and the count is written with them as a gap. The owner hears
+    /// once that writes fail, once that the queue is full, and once that writes work again.
+    func testRecordsWaitWhileTheDiskIsFullAndALossBeyondTheBoundIsAGap() throws {
+        let reported = EventBox()
+        let log = try logOnSmallFileSystem(queueCapacity: 3, onEvent: { reported.append($0) })
+        try fill()
+        let results = (0..<5).map { log.submit(.session(session("s\($0)"))) }
+        XCTAssertEqual(results, [true, true, true, false, false])
+        log.flush()
+        XCTAssertTrue(log.isFailing)
+        XCTAssertTrue(log.isLosingRecords)
+        XCTAssertEqual(try log.sessions().count, 0)
+        XCTAssertEqual(log.submit(.session(session("s5"))), false)
+        log.flush()
+
+        try free()
+        log.flush()
+        XCTAssertFalse(log.isFailing)
+        XCTAssertFalse(log.isLosingRecords)
+        XCTAssertEqual(try log.sessions().map(\.sessionID).sorted(), ["s0", "s1", "s2"])
+        let gaps = try log.gaps()
+        XCTAssertEqual(gaps.map(\.lost), [3])
+        XCTAssertEqual(gaps.map(\.reason), ["the queue of records waiting to be written was full (3 records)"])
+        XCTAssertLessThanOrEqual(gaps[0].firstLostAt, gaps[0].lastLostAt)
+        XCTAssertEqual(Set(reported.names), ["writesFailing", "queueFull 3", "writesRecovered 3", "gapRecorded 3"])
+        XCTAssertEqual(reported.names.count, 4, "each told once: \(reported.names)")
+
+        XCTAssertTrue(log.submit(.session(session("s6"))))
+        log.flush()
+        XCTAssertEqual(try log.sessions().count, 4)
+        XCTAssertEqual(try log.gaps().count, 1)
+    }
+
+    /// The caller that holds a transfer back for its record hears whether it committed. An
+    /// entry that must commit is dropped when it cannot, and is no loss: its caller refuses the
+    /// transfer instead. Kept entries that failed their first attempt are told so once.
+    func testCommittedIsToldOnceAndMustCommitEntriesAreDroppedNotKept() throws {
+        let log = try logOnSmallFileSystem()
+        let answers = AnswerBox()
+        XCTAssertTrue(log.submit(.load(openLoad(1)), mustCommit: true) { answers.append("first \($0)") })
+        log.flush()
+        XCTAssertEqual(answers.values, ["first true"])
+
+        try fill()
+        XCTAssertTrue(log.submit(.load(openLoad(2)), mustCommit: true) { answers.append("refused \($0)") })
+        XCTAssertTrue(log.submit(.load(openLoad(3)), mustCommit: false) { answers.append("kept \($0)") })
+        log.flush()
+        XCTAssertEqual(answers.values.sorted(), ["first true", "kept false", "refused false"])
+
+        try free()
+        log.flush()
+        XCTAssertEqual(try log.loads(includingOpen: true).compactMap(\.loadID).sorted(), [1, 3])
+        XCTAssertEqual(try log.gaps(), [])
+        XCTAssertEqual(answers.values.count, 3, "told once each")
     }
 
     func testCreatesMissingParentDirectoriesPrivately() throws {
@@ -359,11 +575,29 @@ private final class CommitCounter: TransactionObserver, @unchecked Sendable {
     func databaseDidRollback(_ db: Database) {}
 }
 
-/// Collects errors reported on the writer's queue.
-private final class ErrorBox: @unchecked Sendable {
+/// Collects the writer's events, by name and count.
+private final class EventBox: @unchecked Sendable {
     private let lock = NSLock()
-    private var stored: [any Error] = []
+    private var stored: [String] = []
 
-    func append(_ error: any Error) { lock.withLock { stored.append(error) } }
-    var errors: [any Error] { lock.withLock { stored } }
+    func append(_ event: TransferLogEvent) {
+        let name = switch event {
+        case .writesFailing: "writesFailing"
+        case .writesRecovered(let written, _): "writesRecovered \(written)"
+        case .queueFull(let capacity): "queueFull \(capacity)"
+        case .gapRecorded(let gap): "gapRecorded \(gap.lost)"
+        case .rejected(let failure): "rejected \(failure.droppedEntries)"
+        }
+        lock.withLock { stored.append(name) }
+    }
+
+    var names: [String] { lock.withLock { stored } }
+}
+
+private final class AnswerBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: [String] = []
+
+    func append(_ value: String) { lock.withLock { stored.append(value) } }
+    var values: [String] { lock.withLock { stored } }
 }

@@ -3,35 +3,44 @@
 // line. A new audited fact starts in `AuditSink`.
 import BrokerPolicy
 import BrokerProtocol
+import BusKit
 import Foundation
 import Logging
 import TransferLog
 
 /// The one place an outcome or a refusal becomes a record, a journal entry, a monitor event
 /// and a log line.
+///
+/// Sessions and loads are recorded write-ahead: an open record when they begin, completed in
+/// place when they end, and a running load's bytes checkpointed between, so a daemon killed
+/// mid-transfer leaves every transfer on record for the next one to close as interrupted.
 final class AuditSink {
     let transferLog: TransferLog
     let monitors: Monitors
+    private let loop: EventLoop
     private let logger: Logger
     /// Refusals recorded per connection before the rest are only counted: a client cannot
     /// grow the log without bound by asking for what it may not have.
     static let refusalsRecordedPerConnection = 1000
     private var refusalCounts: [String: Int] = [:]
 
-    init(transferLog: TransferLog, monitors: Monitors, logger: Logger) {
+    init(transferLog: TransferLog, monitors: Monitors, loop: EventLoop, logger: Logger) {
         self.transferLog = transferLog
         self.monitors = monitors
+        self.loop = loop
         self.logger = logger
     }
 
-    /// Whether fail-closed auditing must refuse a transfer now: the log is failing.
-    var isFailing: Bool { transferLog.isFailing }
+    /// Whether records are being counted as lost rather than kept: no transfer can be sure of
+    /// its end record, so fail-closed auditing refuses new ones without trying.
+    var isLosingRecords: Bool { transferLog.isLosingRecords }
 
     // MARK: Sessions and loads
 
     func record(_ session: Session, _ event: SessionEvent) {
         switch event {
         case .began:
+            transferLog.submit(.session(openRecord(of: session)))
             let count = session.items.count
             logger.info("Session \(session.id) begun by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
             monitors.emit(session, "begin", "\(session.source.appID), \(count) item\(count == 1 ? "" : "s")")
@@ -46,9 +55,14 @@ final class AuditSink {
             refused(error, sender: destination.uniqueName, identity: destination, action: "PresentToken", session: session,
                     subject: types.joined(separator: ", "))
         case .dropped(let destination, let operation):
+            var record = openRecord(of: session)
+            record.destinationApp = destination.appID
+            record.endedAt = Date()
+            transferLog.submit(.session(record))
             logger.info("Session \(session.id) dropped on \(destination.appID) with \(operation.rawValue)")
             monitors.emit(session, "drop", "\(destination.appID), \(operation.rawValue)")
         case .loadStarted(let load):
+            loadStarted(load, in: session)
             monitors.emit(session, "load", "\(load.id) \(load.typeIdentifier) (\(load.kind.rawValue)) to \(load.destination.appID)")
         case .loadProgressed(let load):
             monitors.emit(session, "progress", "\(load.id) \(load.typeIdentifier)", bytes: load.bytes, expected: load.expected ?? 0)
@@ -61,14 +75,44 @@ final class AuditSink {
         }
     }
 
+    private func openRecord(of session: Session) -> SessionRecord {
+        SessionRecord(sessionID: session.id, sourceApp: session.source.appID, destinationApp: nil,
+                      itemCount: session.items.count, operation: session.operation.rawValue, outcome: SessionRecord.open,
+                      startedAt: session.createdAt, endedAt: session.createdAt)
+    }
+
+    private func loadRecord(_ load: Load, in session: Session, endedAt: Date, outcome: String, error: BrokerError?) -> LoadRecord {
+        LoadRecord(
+            sessionID: session.id, loadID: Int64(load.id), sourceApp: session.source.appID, destinationApp: load.destination.appID,
+            typeIdentifier: load.typeIdentifier, bytes: Int64(load.bytes), startedAt: load.startedAt, endedAt: endedAt,
+            outcome: outcome, errorName: error?.code.busName, sourceTeam: session.source.team, destinationTeam: load.destination.team)
+    }
+
+    /// The open record goes first, and the load hears when the attempt to write it is over: no
+    /// byte moves before then. Fail-closed, a record that does not commit is dropped, not kept,
+    /// since the load is then refused and recorded as a refusal instead.
+    private func loadStarted(_ load: Load, in session: Session) {
+        let record = loadRecord(load, in: session, endedAt: load.startedAt, outcome: LoadRecord.open, error: nil)
+        let waiting = LoopBound(load, loop: loop)
+        let loop = loop
+        let queued = transferLog.submit(.load(record), mustCommit: load.failClosed) { committed in
+            loop.execute { waiting.value.startRecorded(committed: committed) }
+        }
+        if !queued {
+            loop.execute { waiting.value.startRecorded(committed: false) }
+        }
+        let sessionID = session.id
+        load.onCheckpoint = { [transferLog] load in
+            transferLog.checkpoint(sessionID: sessionID, loadID: Int64(load.id), bytes: Int64(load.bytes), at: Date())
+        }
+    }
+
     private func loadEnded(_ load: Load, in session: Session, error: BrokerError?) {
-        let record = LoadRecord(
-            id: nil, sessionID: session.id, sourceApp: session.source.appID, destinationApp: load.destination.appID,
-            typeIdentifier: load.typeIdentifier, bytes: Int64(load.bytes), startedAt: load.startedAt, endedAt: Date(),
-            outcome: load.outcome(of: error), errorName: error?.code.busName,
-            sourceTeam: session.source.team, destinationTeam: load.destination.team)
-        transferLog.submit(.load(record))
-        AuditJournal.record(record)
+        let record = loadRecord(load, in: session, endedAt: Date(), outcome: load.outcome(of: error), error: error)
+        if !load.isUnrecorded {
+            transferLog.submit(.load(record))
+            AuditJournal.record(record)
+        }
         monitors.emit(session, "loaded", "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: load.bytes, expected: load.expected ?? load.bytes)
         if let error {
             logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(load.bytes) bytes: \(error)")
@@ -87,6 +131,25 @@ final class AuditSink {
         AuditJournal.record(record)
         monitors.emit(session, "end", outcome + (error.map { " (\($0.code.busName))" } ?? ""))
         logger.info("Session \(session.id) ended: \(outcome)\(error.map { " (\($0))" } ?? "")")
+    }
+
+    // MARK: The log itself
+
+    /// One line per change of the log's state, so a full disk is told once when writes start
+    /// failing and once when they work again, however many retries lie between.
+    static func log(_ event: TransferLogEvent, to logger: Logger) {
+        switch event {
+        case .writesFailing(let error, let kept):
+            logger.error("Failed to write the transfer log: \(error); keeping \(kept) record(s) in memory and retrying until it can be written")
+        case .writesRecovered(let written, let after):
+            logger.notice("The transfer log is writable again after \(String(format: "%.1f", after)) s: wrote \(written) record(s) that had waited")
+        case .queueFull(let capacity):
+            logger.critical("The transfer log's queue of unwritten records is full (\(capacity)): further records are counted, and recorded as a gap once the log can be written")
+        case .gapRecorded(let gap):
+            logger.error("Recorded a gap in the transfer log: \(gap.lost) record(s) lost: \(gap.reason)")
+        case .rejected(let failure):
+            logger.error("Failed to write the transfer log: \(failure)")
+        }
     }
 
     // MARK: Refusals

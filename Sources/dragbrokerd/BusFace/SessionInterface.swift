@@ -320,32 +320,41 @@ final class SessionInterface {
     }
 
     /// Data loads answer at once with a pipe; file loads once the source has handed the file
-    /// over, so this call may be answered later, from a provider reply.
+    /// over and the load's start record is written, so this call may be answered later.
+    /// Fail-closed, both wait for the start record to commit, and are refused if it cannot.
     private func load(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
-        let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: daemon.loadRules)
-        let load = Load(request)
+        let rules = daemon.loadRules
+        let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: rules)
+        let load = Load(request, failClosed: rules.failClosed)
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
                                 limits: { [unowned daemon] in daemon.registry.limits })
         let dispatcher = daemon.dispatcher
-        try load.start(from: source) { [weak session] answer in
-            switch answer {
-            case .success(let (fd, kind)):
-                do {
-                    try reply(call) { r throws(BusError) in
-                        try r.append(fileDescriptor: fd.rawValue)
-                        try r.append(load.id)
-                        try r.append(kind.rawValue)
+        // Tracked before it starts, so its start record is on its way to disk while the
+        // source is asked: the bytes wait for that record, and the two overlap.
+        session.track(load)
+        do {
+            try load.start(from: source) { [weak session] answer in
+                switch answer {
+                case .success(let (fd, kind)):
+                    do {
+                        try reply(call) { r throws(BusError) in
+                            try r.append(fileDescriptor: fd.rawValue)
+                            try r.append(load.id)
+                            try r.append(kind.rawValue)
+                        }
+                    } catch {
+                        dispatcher.fail(call, error, action: "Load", session: session, subject: type)
                     }
-                } catch {
+                case .failure(let error):
                     dispatcher.fail(call, error, action: "Load", session: session, subject: type)
                 }
-            case .failure(let error):
-                dispatcher.fail(call, error, action: "Load", session: session, subject: type)
             }
+        } catch {
+            load.stop(BrokerError(.failed, "dragbrokerd failed to start the load: \(error)"))
+            throw error
         }
-        session.track(load)
     }
 
     private func cancelLoad(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {

@@ -49,8 +49,10 @@ struct LoadRequest {
 struct LoadRules {
     var flow: FlowView
     var limits: Limits
-    /// FailClosed=yes and the transfer log is failing: no transfer may start.
+    /// FailClosed=yes and the transfer log is losing records: no transfer may start.
     var auditRefuses: Bool
+    /// FailClosed=yes: a load moves nothing until its start record committed (see `Load`).
+    var failClosed = false
 }
 
 /// A live drag session: its state machine, its parties and loads, and the rules for each.
@@ -357,10 +359,10 @@ final class Session {
         guard loads.count < rules.limits.concurrentLoadsPerSession else {
             throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
         }
-        // Records are written off the bus path, so "cannot be written" is known from the
-        // batches before this one: while they fail, fail-closed refuses new transfers.
+        // A log counting records as lost cannot promise this transfer's end: refuse at once.
+        // Otherwise each load's own start record decides, as it starts (`Load`).
         if rules.auditRefuses {
-            throw BrokerError(.failed, "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
+            throw Load.auditRefusal
         }
         let sizeRule = representation.kind == .data ? rules.flow.byteLimit(of: canonical, from: source, to: caller) : nil
         defer { nextLoadID += 1 }

@@ -19,6 +19,11 @@ struct LoadSource {
 /// destination's through a `PipeProxy`; a file load hands the source's read-only file or
 /// sealed memfd to the destination. It has one phase, one byte count, a first-byte and a stall
 /// deadline, and it reports exactly one outcome through `onFinish`.
+///
+/// No byte moves before the load's start record is on disk (`startRecorded`), so a crash can
+/// never hide a transfer: a data load's splice waits for it, a file load's descriptor is handed
+/// over only after it. Asking the source overlaps the write, so this costs little. Fail-closed,
+/// the source is asked only once the record committed, and a record that fails refuses the load.
 final class Load {
     enum Phase: Equatable {
         /// Asked the source; nothing has arrived.
@@ -50,6 +55,14 @@ final class Load {
     var onProgress: ((Load) -> Void)?
     /// The one outcome: nil when every byte arrived, else why not.
     var onFinish: ((Load, BrokerError?) -> Void)?
+    /// Bytes so far, to keep on record while they move: at the first bytes, then at most once a
+    /// second while more arrive, and once more after the last of them, so a load that stalls
+    /// has its final count on record too.
+    var onCheckpoint: ((Load) -> Void)?
+    /// FailClosed=yes: the source is asked only after the start record committed.
+    let failClosed: Bool
+    /// Refused because its start record could not be written: the refusal is its record.
+    private(set) var isUnrecorded = false
 
     private let sizeRule: (limit: UInt64, rule: String)?
     private var proxy: PipeProxy?
@@ -60,8 +73,20 @@ final class Load {
     private var lastReportAt: UInt64 = 0
     /// A file load's destination, still waiting for its `Load` reply.
     private var answer: Answer?
+    private var loop: EventLoop?
+    /// Whether the attempt to write the start record is over (committed or not).
+    private var startIsRecorded = false
+    /// Fail-closed: everything waits for the start record.
+    private var deferredStart: (source: LoadSource, answer: Answer)?
+    /// A file that arrived before the start record was written, with its size.
+    private var heldFile: (file: FileDescriptor, size: UInt64)?
+    private var checkpointedBytes: UInt64 = 0
+    private var lastCheckpointAt: UInt64 = 0
+    private var checkpointTimer: LoopTimer?
+    static let checkpointInterval: UInt64 = 1_000_000
 
-    init(_ request: LoadRequest) {
+    init(_ request: LoadRequest, failClosed: Bool = false) {
+        self.failClosed = failClosed
         id = request.id
         item = request.item
         typeIdentifier = request.typeIdentifier
@@ -71,14 +96,57 @@ final class Load {
         lastProgressAt = Kernel.monotonicMicroseconds()
     }
 
-    /// Asks the source for the bytes. A data load answers at once with the pipe to read; a
-    /// file load once the source has handed the file over.
+    /// Asks the source for the bytes. A data load answers at once with the pipe to read (its
+    /// bytes wait for the start record); a file load once the source has handed the file over
+    /// and the start record is written. Fail-closed, both wait for the start record first.
     func start(from source: LoadSource, answer: @escaping Answer) throws(InternalError) {
+        loop = source.bus.loop
+        if failClosed && !startIsRecorded {
+            deferredStart = (source, answer)
+            // Should the load end another way first, the waiting caller hears why.
+            self.answer = answer
+        } else {
+            try ask(source, answer: answer)
+        }
+        armDeadline(source, after: source.limits().firstByteTimeout)
+    }
+
+    private func ask(_ source: LoadSource, answer: @escaping Answer) throws(InternalError) {
         switch kind {
         case .data: try startData(source, answer: answer)
         case .file: try startFile(source, answer: answer)
         }
-        armDeadline(source, after: source.limits().firstByteTimeout)
+    }
+
+    /// The attempt to write the start record is over. Fail-closed, a record that did not commit
+    /// refuses the load; otherwise the load goes on either way (the record waits for a retry).
+    func startRecorded(committed: Bool) {
+        guard !startIsRecorded, phase != .finished else { return }
+        startIsRecorded = true
+        if let (source, answer) = deferredStart {
+            deferredStart = nil
+            guard committed else {
+                isUnrecorded = true
+                return finish(Self.auditRefusal)
+            }
+            self.answer = nil
+            do {
+                try ask(source, answer: answer)
+            } catch {
+                finish(BrokerError(.failed, "dragbrokerd failed to serve Load: \(error)"))
+            }
+            return
+        }
+        proxy?.release()
+        if let (file, size) = heldFile {
+            heldFile = nil
+            handOver(file, size: size)
+        }
+    }
+
+    /// The refusal of a transfer the log cannot record, under FailClosed=yes.
+    static var auditRefusal: BrokerError {
+        BrokerError(.failed, "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
     }
 
     /// Ends the load early (cancelled, timed out, the session ended); the destination's
@@ -97,7 +165,7 @@ final class Load {
     // MARK: Data
 
     private func startData(_ source: LoadSource, answer: Answer) throws(InternalError) {
-        proxy = try PipeProxy(loop: source.bus.loop, handOver: { sourceEnd, destinationEnd throws(InternalError) in
+        proxy = try PipeProxy(loop: source.bus.loop, held: !startIsRecorded, handOver: { sourceEnd, destinationEnd throws(InternalError) in
             do {
                 let call = try providerCall(source, member: "Provide")
                 try call.append(fileDescriptor: sourceEnd.rawValue)
@@ -166,6 +234,25 @@ final class Load {
             lastReportAt = now
             onProgress?(self)
         }
+        if checkpointTimer == nil { checkpoint(now) }
+    }
+
+    /// Checkpoints now if a second has passed since the last one, else once it has.
+    private func checkpoint(_ now: UInt64) {
+        guard onCheckpoint != nil, bytes != checkpointedBytes else { return }
+        let due = lastCheckpointAt + Self.checkpointInterval
+        guard now >= due else {
+            checkpointTimer = loop.flatMap { loop in
+                try? LoopTimer(loop: loop, afterMicroseconds: due - now) { [unowned self] in
+                    checkpointTimer = nil
+                    if phase != .finished { checkpoint(Kernel.monotonicMicroseconds()) }
+                }
+            }
+            return
+        }
+        checkpointedBytes = bytes
+        lastCheckpointAt = now
+        onCheckpoint?(self)
     }
 
     // MARK: Files
@@ -186,11 +273,11 @@ final class Load {
                     defer { handed.closeQuietly() }
                     do throws(BrokerError) {
                         let (file, size) = try Self.checkedFile(handed)
-                        defer { file.closeQuietly() }
-                        bytes = size
-                        self.answer = nil
-                        answer(.success((file, .file)))
-                        finish(nil)
+                        guard startIsRecorded else {
+                            heldFile = (file, size)
+                            return
+                        }
+                        handOver(file, size: size)
                     } catch {
                         finish(error)
                     }
@@ -203,6 +290,17 @@ final class Load {
         }
         // Should the load end another way (cancel, timeout, disconnect), the waiting caller hears why.
         self.answer = answer
+    }
+
+    /// The destination gets the file, and the load is over: a file load moves nothing more.
+    private func handOver(_ file: FileDescriptor, size: UInt64) {
+        defer { file.closeQuietly() }
+        bytes = size
+        if let answer {
+            self.answer = nil
+            answer(.success((file, .file)))
+        }
+        finish(nil)
     }
 
     /// A file handed over must be a read-only regular file or a memfd sealed against writing,
@@ -299,6 +397,10 @@ final class Load {
         phase = .finished
         providerCall = nil
         deadline = nil
+        checkpointTimer = nil
+        deferredStart = nil
+        heldFile?.file.closeQuietly()
+        heldFile = nil
         proxy?.stop()
         proxy = nil
         if let error, let answer {
@@ -308,6 +410,7 @@ final class Load {
         let report = onFinish
         onFinish = nil
         onProgress = nil
+        onCheckpoint = nil
         report?(self, error)
     }
 
