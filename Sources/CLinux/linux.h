@@ -12,12 +12,16 @@
 #include <signal.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 static inline int linux_errno(void) { return errno; }
+
+/* Swift sees `flock` as fcntl's struct, not the call. */
+static inline int linux_flock_exclusive(int fd) { return flock(fd, LOCK_EX | LOCK_NB); }
 
 static inline int linux_pipe2(int fds[2], int nonblocking) {
     return (int)syscall(SYS_pipe2, fds, O_CLOEXEC | (nonblocking ? O_NONBLOCK : 0));

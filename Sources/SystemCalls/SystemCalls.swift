@@ -172,6 +172,56 @@ extension FileDescriptor {
     }
 }
 
+// MARK: Files that outlive the process
+
+extension FileDescriptor {
+    /// open(2) read-write, created 0600 if missing, close-on-exec.
+    public static func openPrivately(_ path: String) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) })
+    }
+
+    /// flock(LOCK_EX | LOCK_NB): false when another open file description holds the lock. It
+    /// is released when every descriptor of this one closes, so also when the process dies.
+    public func lockExclusively() throws(Errno) -> Bool {
+        do {
+            _ = try valueOrErrno { linux_flock_exclusive(rawValue) }
+            return true
+        } catch .wouldBlock {
+            return false
+        }
+    }
+
+    /// posix_fallocate(3): the blocks of `offset..<offset+length` belong to the file from now
+    /// on (growing it), so a store into a shared mapping of them cannot meet a full disk (SIGBUS).
+    public func reserve(offset: Int64, length: Int64) throws(Errno) {
+        while true {
+            let result = Glibc.posix_fallocate(rawValue, off_t(offset), off_t(length))
+            if result == 0 { return }
+            if result != EINTR { throw Errno(rawValue: result) }
+        }
+    }
+}
+
+/// mmap(2) of part of a file, shared: a store is in the page cache as soon as it is made, so it
+/// outlives a crash of the process (not of the machine) without a system call.
+public final class SharedMapping: @unchecked Sendable {
+    public let base: UnsafeMutableRawPointer
+    public let count: Int
+
+    public init(_ file: FileDescriptor, offset: Int64, count: Int) throws(Errno) {
+        guard let pointer = Glibc.mmap(nil, count, PROT_READ | PROT_WRITE, MAP_SHARED, file.rawValue, off_t(offset)),
+              pointer != MAP_FAILED else {
+            throw Errno(rawValue: linux_errno())
+        }
+        base = pointer
+        self.count = count
+    }
+
+    deinit {
+        Glibc.munmap(base, count)
+    }
+}
+
 // MARK: The kernel's other services
 
 public enum Kernel {

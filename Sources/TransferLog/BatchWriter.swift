@@ -43,7 +43,8 @@ final class BatchWriter: @unchecked Sendable {
         var entry: TransferLog.Entry
         /// Dropped, not kept, when its attempt fails: the caller refuses what it would record.
         var mustCommit: Bool
-        /// Told once, whether the first attempt to write the entry committed.
+        /// Told after each attempt at the entry whether it committed: false while it waits for
+        /// a retry (or when it is dropped), true once, when it is on disk.
         var committed: (@Sendable (Bool) -> Void)?
     }
 
@@ -52,10 +53,8 @@ final class BatchWriter: @unchecked Sendable {
         var loadID: Int64
     }
 
-    struct Checkpoint {
-        var bytes: Int64
-        var at: Date
-    }
+    /// A running load's open record, with its bytes so far and their time as its end.
+    typealias Checkpoint = LoadRecord
 
     /// Records counted instead of kept, by why.
     private struct Loss {
@@ -193,7 +192,7 @@ final class BatchWriter: @unchecked Sendable {
         do {
             let written = try pool.write { db -> [GapRecord] in
                 for submission in batch { try submission.entry.write(db) }
-                for (key, mark) in marks { try mark.write(key, db) }
+                for mark in marks.values { try mark.writeCheckpoint(db) }
                 return try gaps.map { gap in
                     var gap = gap
                     try gap.insert(db)
@@ -236,11 +235,7 @@ final class BatchWriter: @unchecked Sendable {
     /// Puts back, ahead of anything submitted since, what the failed attempt took, except
     /// entries that had to commit then or never; arms the retry.
     private func failed(_ batch: ArraySlice<Submission>, _ marks: [CheckpointKey: Checkpoint], _ error: any Error) {
-        let keep = batch.filter { !$0.mustCommit }.map { submission in
-            var submission = submission
-            submission.committed = nil
-            return submission
-        }
+        let keep = batch.filter { !$0.mustCommit }
         let (first, waiting, arm): (Bool, Int, TimeInterval?) = lock.withLock {
             pending = keep + pending
             for (key, mark) in marks where checkpoints[key] == nil { checkpoints[key] = mark }
@@ -289,7 +284,7 @@ final class BatchWriter: @unchecked Sendable {
             }
         }
         // A checkpoint SQLite refuses is superseded by the load's end anyway.
-        for (key, mark) in marks { try? pool.write { try mark.write(key, $0) } }
+        for mark in marks.values { try? pool.write { try mark.writeCheckpoint($0) } }
         if rejected > 0 {
             let failure = TransferLogWriteFailure(underlying: firstRejection ?? batchError, droppedEntries: rejected)
             lock.withLock { lastError = failure }
@@ -391,10 +386,19 @@ extension TransferLog.Entry {
     }
 }
 
-extension BatchWriter.Checkpoint {
-    /// Only an open row takes a checkpoint: once the load's end is written, it is the truth.
-    func write(_ key: BatchWriter.CheckpointKey, _ db: Database) throws {
-        try db.cachedStatement(sql: "UPDATE load SET bytes = ?, endedAt = ? WHERE sessionID = ? AND loadID = ? AND outcome = ?")
-            .execute(arguments: [bytes, MicrosecondTimestamp.microseconds(at), key.sessionID, key.loadID, LoadRecord.open])
+extension LoadRecord {
+    /// A checkpoint is the load's first row when it came before any other (a load's start
+    /// record waits for it); it changes only an open row: once the load's end is written, that
+    /// is the truth.
+    func writeCheckpoint(_ db: Database) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO load (sessionID, loadID, sourceApp, destinationApp, typeIdentifier, bytes, startedAt, endedAt,
+                              outcome, errorName, sourceTeam, destinationTeam)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT(sessionID, loadID) DO UPDATE SET bytes = excluded.bytes, endedAt = excluded.endedAt
+                WHERE load.outcome = excluded.outcome
+            """).execute(arguments: [sessionID, loadID, sourceApp, destinationApp, typeIdentifier, bytes,
+                                     MicrosecondTimestamp.microseconds(startedAt), MicrosecondTimestamp.microseconds(endedAt),
+                                     LoadRecord.open, nil, sourceTeam, destinationTeam])
     }
 }

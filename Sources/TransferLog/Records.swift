@@ -192,14 +192,18 @@ public struct GapRecord: Codable, Equatable, Sendable, FetchableRecord, MutableP
 /// GRDB's default text dates keep only milliseconds, and floating-point seconds
 /// do not round-trip exactly; integer microseconds since 1970 do both and sort
 /// numerically.
-enum MicrosecondTimestamp {
-    static func microseconds(_ date: Date) -> Int64 {
+public enum MicrosecondTimestamp {
+    public static func microseconds(_ date: Date) -> Int64 {
         Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+    }
+
+    public static func date(_ microseconds: Int64) -> Date {
+        Date(timeIntervalSince1970: Double(microseconds) / 1_000_000)
     }
 
     static let encoding = DatabaseDateEncodingStrategy.custom { microseconds($0) }
 
     static let decoding = DatabaseDateDecodingStrategy.custom { value in
-        Int64.fromDatabaseValue(value).map { Date(timeIntervalSince1970: Double($0) / 1_000_000) }
+        Int64.fromDatabaseValue(value).map(date)
     }
 }

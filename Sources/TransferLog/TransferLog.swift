@@ -149,11 +149,13 @@ public final class TransferLog: Sendable {
         writer?.submit(.init(entry: entry, mustCommit: mustCommit, committed: committed)) ?? false
     }
 
-    /// Brings the open record of a running load up to date with its bytes so far, at `at`, so
-    /// a crash leaves them on record. Written with the next batch; only the newest per load is
-    /// kept, and it is ignored once the load's end is written.
-    public func checkpoint(sessionID: String, loadID: Int64, bytes: Int64, at: Date) {
-        writer?.checkpoint(.init(sessionID: sessionID, loadID: loadID), .init(bytes: bytes, at: at))
+    /// Brings the open record of a running load up to date with its bytes so far and their
+    /// time (`endedAt`), writing it if it is not there yet, so a crash leaves them on record.
+    /// Written with the next batch; only the newest per load is kept, and it is ignored once
+    /// the load's end is written.
+    public func checkpoint(_ open: LoadRecord) {
+        guard let loadID = open.loadID else { return }
+        writer?.checkpoint(.init(sessionID: open.sessionID, loadID: loadID), open)
     }
 
     /// Makes one attempt to write everything waiting, and returns when it is done: every entry
@@ -190,13 +192,49 @@ public final class TransferLog: Sendable {
         public var endedAtStart = 0
     }
 
+    /// A load a daemon was running when it died, as it kept it beside the log: the load's and
+    /// its session's open records, as of the load's last checkpoint.
+    public struct InFlight: Sendable, Equatable {
+        public var session: SessionRecord
+        public var load: LoadRecord
+
+        public init(session: SessionRecord, load: LoadRecord) {
+            self.session = session
+            self.load = load
+        }
+    }
+
     /// Closes every session and load left open, as a daemon that died leaves them, with the
     /// outcome "interrupted" and `errorName`: each ends at the latest time it was known alive,
-    /// its last checkpoint, else its start. Call before the daemon records anything itself.
-    public func closeOpenRecords(errorName: String) throws -> Recovery {
+    /// its last checkpoint, else its start. `inFlight` adds the loads the daemon kept beside
+    /// the log, which may be newer than their rows or have none yet. Call before the daemon
+    /// records anything itself.
+    public func closeOpenRecords(errorName: String, inFlight: [InFlight] = []) throws -> Recovery {
         try pool.write { db in
             let open = LoadRecord.open
             var recovery = Recovery()
+            for left in inFlight {
+                let session = left.session
+                try db.execute(sql: """
+                    INSERT INTO session (sessionID, sourceApp, destinationApp, itemCount, operation, outcome, startedAt, endedAt)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(sessionID) DO UPDATE SET destinationApp = COALESCE(session.destinationApp, excluded.destinationApp)
+                        WHERE session.outcome = excluded.outcome
+                    """, arguments: [session.sessionID, session.sourceApp, session.destinationApp, session.itemCount, session.operation,
+                                     open, MicrosecondTimestamp.microseconds(session.startedAt),
+                                     MicrosecondTimestamp.microseconds(session.endedAt)])
+                let load = left.load
+                try db.execute(sql: """
+                    INSERT INTO load (sessionID, loadID, sourceApp, destinationApp, typeIdentifier, bytes, startedAt, endedAt,
+                                      outcome, sourceTeam, destinationTeam)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(sessionID, loadID) DO UPDATE SET bytes = MAX(load.bytes, excluded.bytes),
+                        endedAt = MAX(load.endedAt, excluded.endedAt)
+                        WHERE load.outcome = excluded.outcome
+                    """, arguments: [load.sessionID, load.loadID, load.sourceApp, load.destinationApp, load.typeIdentifier, load.bytes,
+                                     MicrosecondTimestamp.microseconds(load.startedAt), MicrosecondTimestamp.microseconds(load.endedAt),
+                                     open, load.sourceTeam, load.destinationTeam])
+            }
             // A session was alive at least as long as any of its loads.
             try db.execute(sql: """
                 UPDATE session SET endedAt = MAX(endedAt, COALESCE((SELECT MAX(load.endedAt) FROM load
@@ -219,10 +257,11 @@ public final class TransferLog: Sendable {
         }
     }
 
-    /// `closeOpenRecords(errorName:)` on the writer's queue, reported there.
-    public func closeOpenRecords(errorName: String, then report: @escaping @Sendable (Result<Recovery, any Error>) -> Void) {
+    /// `closeOpenRecords(errorName:inFlight:)` on the writer's queue, reported there.
+    public func closeOpenRecords(errorName: String, inFlight: [InFlight],
+                                 then report: @escaping @Sendable (Result<Recovery, any Error>) -> Void) {
         guard let writer else { return report(.failure(TransferLogError.readOnly)) }
-        writer.perform { report(Result { try self.closeOpenRecords(errorName: errorName) }) }
+        writer.perform { report(Result { try self.closeOpenRecords(errorName: errorName, inFlight: inFlight) }) }
     }
 
     // MARK: Reading

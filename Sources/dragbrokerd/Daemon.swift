@@ -36,13 +36,13 @@ final class Daemon {
     /// Called when the daemon has been idle for `idleExit`.
     var onIdle: (() -> Void)?
 
-    init(bus: Bus, transferLog: TransferLog, policy: Policy, policyDirectory: String, types: MimeDatabase,
+    init(bus: Bus, transferLog: TransferLog, ledger: InFlightLedger, policy: Policy, policyDirectory: String, types: MimeDatabase,
          firstSessionNumber: Int, logger: Logger) {
         self.bus = bus
         self.logger = logger
         self.policyDirectory = policyDirectory
         registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
-        audit = AuditSink(transferLog: transferLog, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
+        audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
         dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger)
     }
 

@@ -103,18 +103,28 @@ func runDaemon() -> Int32 {
         let transferLog = try TransferLog(path: path, queueCapacity: options.auditQueueLimit) { event in
             AuditSink.log(event, to: Logger(label: "dragbrokerd"))
         }
+        // The ledger's lock makes this daemon the only one on the state directory before
+        // anything there is read as left behind by a daemon that died.
+        let ledger: InFlightLedger
+        do {
+            ledger = try InFlightLedger(directory: (path as NSString).deletingLastPathComponent)
+        } catch {
+            logger.critical("Failed to open the in-flight ledger: \(error)")
+            return 1
+        }
         // What a daemon that died mid-transfer left open is closed first, as interrupted: every
         // party heard that the broker went away. Nothing of this run is on record yet.
-        transferLog.closeOpenRecords(errorName: BrokerErrorCode.disconnected.busName) { [logger] result in
+        let leftBehind = ledger.leftBehind()
+        transferLog.closeOpenRecords(errorName: BrokerErrorCode.disconnected.busName, inFlight: leftBehind.loads) { [logger] result in
             switch result {
-            case .success(let recovery) where recovery.sessions + recovery.loads > 0:
+            case .success(let recovery):
+                ledger.forget(leftBehind.slots)
+                guard recovery.sessions + recovery.loads > 0 else { break }
                 logger.warning("""
                     Recorded \(recovery.sessions) session(s) and \(recovery.loads) load(s) left open by an unclean exit as \
                     interrupted, each ending at its last checkpoint (\(recovery.endedAtCheckpoint)) or, with none, at its start \
                     (\(recovery.endedAtStart))
                     """)
-            case .success:
-                break
             case .failure(let error):
                 logger.error("Failed to close the records an unclean exit left open: \(error); they stay open until the next start")
             }
@@ -136,7 +146,7 @@ func runDaemon() -> Int32 {
         } catch {
             logger.warning("Failed to read the last session ID from the transfer log: \(error), numbering from 1")
         }
-        let daemon = Daemon(bus: bus, transferLog: transferLog, policy: policy, policyDirectory: options.policyDirectory,
+        let daemon = Daemon(bus: bus, transferLog: transferLog, ledger: ledger, policy: policy, policyDirectory: options.policyDirectory,
                             types: MimeDatabase.system, firstSessionNumber: firstSessionNumber, logger: logger)
         try daemon.start()
         daemon.applyRetention()

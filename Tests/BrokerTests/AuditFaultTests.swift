@@ -177,6 +177,46 @@ final class AuditFaultTests: XCTestCase {
         withExtendedLifetime((source, destination)) {}
     }
 
+    /// kill -9 within the first second of a load, before any checkpoint reached SQLite: the
+    /// in-flight ledger beside the log had it from before its first byte, with every byte
+    /// moved, and the next daemon records it from there.
+    func testALoadKilledBeforeItsFirstCheckpointIsRecordedFromTheLedger() throws {
+        let world = try AuditWorld()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
+        _ = destination.run("present \(token)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        destination.send("loadprogress 0 application/x-stalls")
+        XCTAssertNotNil(destination.stdout.take { $0.hasPrefix("PROGRESS ") }, destination.stdout.text)
+        usleep(200_000)
+
+        try world.restartDaemon(after: SIGKILL)
+        XCTAssertNotNil(world.daemon.stderr.take { $0.contains("Recorded 1 session(s) and 1 load(s) left open by an unclean exit as interrupted") },
+                        world.daemon.stderr.text)
+        let log = try TransferLog.openReadOnly(path: world.daemon.transferLogPath)
+        let loads = try log.loads()
+        XCTAssertEqual(loads.map(\.outcome), ["interrupted"])
+        XCTAssertEqual(loads.map(\.bytes), [131_072])
+        XCTAssertEqual(loads.map(\.typeIdentifier), ["application/x-stalls"])
+        XCTAssertEqual(loads.map(\.destinationApp), [destination.executable.path])
+        XCTAssertEqual(loads.map(\.loadID), [1])
+        XCTAssertEqual(try log.sessions().map(\.outcome), ["interrupted"])
+        XCTAssertEqual(try integrityCheck(world), ["ok"])
+        withExtendedLifetime(source) {}
+    }
+
+    /// One daemon per state directory: a second one would take the first one's running loads
+    /// for leftovers of a crash.
+    func testASecondDaemonOnTheSameStateDirectoryRefusesToStart() throws {
+        let world = try AuditWorld()
+        XCTAssertThrowsError(try Daemon(bus: world.bus, stateDirectory: world.stateDirectory, policyDirectory: world.policyDirectory)) { error in
+            XCTAssertTrue("\(error)".contains("Failed to open the in-flight ledger: another dragbrokerd is using the state directory ("
+                                                + world.stateDirectory.appendingPathComponent("transfers.inflight").path + " is locked)"), "\(error)")
+        }
+    }
+
     // MARK: A full disk
 
     /// FailClosed=no on a full disk: drags go on, their records wait in memory, and when space

@@ -306,6 +306,14 @@ final class TransferLogTests: XCTestCase {
         return record
     }
 
+    /// A running load's open record with its bytes so far at `at`, as the daemon checkpoints it.
+    private func checkpoint(_ log: TransferLog, _ loadID: Int64, sessionID: String = "s1", bytes: Int64, at: Date) {
+        var record = openLoad(loadID, sessionID: sessionID)
+        record.bytes = bytes
+        record.endedAt = at
+        log.checkpoint(record)
+    }
+
     /// A session and a load are each one row from start to end: the end completes the row the
     /// start opened, checkpoints move an open row's bytes and time, and never a closed one's.
     func testTheEndCompletesTheRowTheStartOpened() throws {
@@ -322,8 +330,8 @@ final class TransferLogTests: XCTestCase {
         XCTAssertEqual(try log.sessions(), [], "by default, only what ended")
         XCTAssertEqual(try log.loads(), [])
 
-        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 1000, at: t0.addingTimeInterval(1))
-        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 5000, at: t0.addingTimeInterval(2))
+        checkpoint(log, 1, bytes: 1000, at: t0.addingTimeInterval(1))
+        checkpoint(log, 1, bytes: 5000, at: t0.addingTimeInterval(2))
         log.flush()
         let checkpointed = try XCTUnwrap(try log.loads(includingOpen: true).first { $0.loadID == 1 })
         XCTAssertEqual(checkpointed.bytes, 5000, "the newest checkpoint")
@@ -335,7 +343,7 @@ final class TransferLogTests: XCTestCase {
         ended.endedAt = t0.addingTimeInterval(3)
         ended.outcome = "completed"
         log.submit(.load(ended))
-        log.checkpoint(sessionID: "s1", loadID: 1, bytes: 5500, at: t0.addingTimeInterval(2.5))  // late: ignored
+        checkpoint(log, 1, bytes: 5500, at: t0.addingTimeInterval(2.5))  // late: ignored
         log.submit(.session(session("s1")))
         log.flush()
         let loads = try log.loads(includingOpen: true).sorted { $0.loadID! < $1.loadID! }
@@ -374,19 +382,41 @@ final class TransferLogTests: XCTestCase {
         log.submit(.session(session("s0")))
         log.submit(.load(openLoad(1)))
         log.submit(.load(openLoad(2)))
-        log.checkpoint(sessionID: "s1", loadID: 2, bytes: 131_072, at: t0.addingTimeInterval(4))
+        checkpoint(log, 2, bytes: 131_072, at: t0.addingTimeInterval(4))
         log.flush()
 
-        let recovery = try log.closeOpenRecords(errorName: "org.dragbroker.Broker1.Error.Disconnected")
-        XCTAssertEqual(recovery, .init(sessions: 2, loads: 2, endedAtCheckpoint: 2, endedAtStart: 2))
-        let loads = try log.loads().sorted { $0.loadID! < $1.loadID! }
-        XCTAssertEqual(loads.map(\.outcome), ["interrupted", "interrupted"])
-        XCTAssertEqual(loads.map(\.errorName), ["org.dragbroker.Broker1.Error.Disconnected", "org.dragbroker.Broker1.Error.Disconnected"])
-        XCTAssertEqual(loads.map(\.bytes), [0, 131_072])
-        XCTAssertEqual(loads.map(\.endedAt), [loads[0].startedAt, t0.addingTimeInterval(4)])
+        // Kept beside the log: load 2 further than its row says, load 3 of session s3 with no row
+        // at all, and load 1 of s0, whose end is on record and stays as it is.
+        var further = openLoad(2)
+        further.bytes = 200_000
+        further.endedAt = t0.addingTimeInterval(5)
+        var unwritten = openLoad(3, sessionID: "s3")
+        unwritten.bytes = 42
+        unwritten.endedAt = t0.addingTimeInterval(6)
+        var s3 = session("s3")
+        s3.outcome = SessionRecord.open
+        s3.endedAt = unwritten.endedAt
+        var ended = openLoad(1, sessionID: "s0")
+        ended.outcome = "completed"
+        log.submit(.load(ended))
+        log.flush()
+        let inFlight = [TransferLog.InFlight(session: opened, load: further), TransferLog.InFlight(session: s3, load: unwritten),
+                        TransferLog.InFlight(session: session("s0"), load: openLoad(1, sessionID: "s0"))]
+
+        let recovery = try log.closeOpenRecords(errorName: "org.dragbroker.Broker1.Error.Disconnected", inFlight: inFlight)
+        XCTAssertEqual(recovery, .init(sessions: 3, loads: 3, endedAtCheckpoint: 4, endedAtStart: 2))
+        XCTAssertEqual(try log.loads(sessionID: "s0").map(\.outcome), ["completed"])
+        let loads = try log.loads().filter { $0.sessionID != "s0" }.sorted { $0.loadID! < $1.loadID! }
+        XCTAssertEqual(loads.map(\.outcome), ["interrupted", "interrupted", "interrupted"])
+        XCTAssertEqual(Set(loads.map(\.errorName)), ["org.dragbroker.Broker1.Error.Disconnected"])
+        XCTAssertEqual(loads.map(\.bytes), [0, 200_000, 42])
+        XCTAssertEqual(loads.map(\.endedAt), [loads[0].startedAt, t0.addingTimeInterval(5), t0.addingTimeInterval(6)])
+        XCTAssertEqual(loads[2].sessionID, "s3")
         let sessions = Dictionary(uniqueKeysWithValues: try log.sessions().map { ($0.sessionID, $0) })
         XCTAssertEqual(sessions["s1"]?.outcome, "interrupted")
-        XCTAssertEqual(sessions["s1"]?.endedAt, t0.addingTimeInterval(4), "the session lived as long as its load")
+        XCTAssertEqual(sessions["s1"]?.endedAt, t0.addingTimeInterval(5), "the session lived as long as its load")
+        XCTAssertEqual(sessions["s3"]?.outcome, "interrupted", "a session known only beside the log")
+        XCTAssertEqual(sessions["s3"]?.destinationApp, "org.example.Mail")
         XCTAssertEqual(sessions["s2"]?.endedAt, t0, "no checkpoint: its start")
         XCTAssertEqual(sessions["s0"], session("s0"))
         XCTAssertEqual(try log.closeOpenRecords(errorName: "x"), .init(), "nothing is left open")
@@ -477,8 +507,8 @@ final class TransferLogTests: XCTestCase {
 
     /// The caller that holds a transfer back for its record hears whether it committed. An
     /// entry that must commit is dropped when it cannot, and is no loss: its caller refuses the
-    /// transfer instead. Kept entries that failed their first attempt are told so once.
-    func testCommittedIsToldOnceAndMustCommitEntriesAreDroppedNotKept() throws {
+    /// transfer instead. A kept entry hears of each failed attempt, and once that it committed.
+    func testCommittedIsToldAfterEachAttemptAndMustCommitEntriesAreDroppedNotKept() throws {
         let log = try logOnSmallFileSystem()
         let answers = AnswerBox()
         XCTAssertTrue(log.submit(.load(openLoad(1)), mustCommit: true) { answers.append("first \($0)") })
@@ -489,13 +519,17 @@ final class TransferLogTests: XCTestCase {
         XCTAssertTrue(log.submit(.load(openLoad(2)), mustCommit: true) { answers.append("refused \($0)") })
         XCTAssertTrue(log.submit(.load(openLoad(3)), mustCommit: false) { answers.append("kept \($0)") })
         log.flush()
-        XCTAssertEqual(answers.values.sorted(), ["first true", "kept false", "refused false"])
+        XCTAssertEqual(answers.values.filter { $0.hasPrefix("refused") }, ["refused false"])
+        XCTAssertFalse(answers.values.contains("kept true"))
+        XCTAssertTrue(answers.values.contains("kept false"))
 
         try free()
         log.flush()
         XCTAssertEqual(try log.loads(includingOpen: true).compactMap(\.loadID).sorted(), [1, 3])
         XCTAssertEqual(try log.gaps(), [])
-        XCTAssertEqual(answers.values.count, 3, "told once each")
+        XCTAssertEqual(answers.values.last, "kept true")
+        XCTAssertEqual(answers.values.filter { $0 == "kept true" }.count, 1, "told once that it committed")
+        XCTAssertEqual(answers.values.filter { $0.hasPrefix("refused") }, ["refused false"], "a dropped entry is told once")
     }
 
     func testCreatesMissingParentDirectoriesPrivately() throws {

@@ -17,6 +17,9 @@ import TransferLog
 final class AuditSink {
     let transferLog: TransferLog
     let monitors: Monitors
+    /// Running loads, kept beside the log.
+    let ledger: InFlightLedger
+    private var ledgerSlots: [ObjectIdentifier: InFlightLedger.Slot] = [:]
     private let loop: EventLoop
     private let logger: Logger
     /// Refusals recorded per connection before the rest are only counted: a client cannot
@@ -24,8 +27,9 @@ final class AuditSink {
     static let refusalsRecordedPerConnection = 1000
     private var refusalCounts: [String: Int] = [:]
 
-    init(transferLog: TransferLog, monitors: Monitors, loop: EventLoop, logger: Logger) {
+    init(transferLog: TransferLog, ledger: InFlightLedger, monitors: Monitors, loop: EventLoop, logger: Logger) {
         self.transferLog = transferLog
+        self.ledger = ledger
         self.monitors = monitors
         self.loop = loop
         self.logger = logger
@@ -88,30 +92,55 @@ final class AuditSink {
             outcome: outcome, errorName: error?.code.busName, sourceTeam: session.source.team, destinationTeam: load.destination.team)
     }
 
-    /// The open record goes first, and the load hears when the attempt to write it is over: no
-    /// byte moves before then. Fail-closed, a record that does not commit is dropped, not kept,
-    /// since the load is then refused and recorded as a refusal instead.
+    /// A load is on record before its first byte moves: in the in-flight ledger, at the cost of
+    /// a few memory stores, with its row written at its first checkpoint or its end. Without a
+    /// ledger slot, or fail-closed, its open row goes first and the load hears when the attempt
+    /// to write it is over; fail-closed, a row that does not commit is dropped, not kept, since
+    /// the load is then refused and recorded as a refusal instead.
     private func loadStarted(_ load: Load, in session: Session) {
         let record = loadRecord(load, in: session, endedAt: load.startedAt, outcome: LoadRecord.open, error: nil)
-        let waiting = LoopBound(load, loop: loop)
-        let loop = loop
-        let queued = transferLog.submit(.load(record), mustCommit: load.failClosed) { committed in
-            loop.execute { waiting.value.startRecorded(committed: committed) }
+        var sessionRecord = openRecord(of: session)
+        sessionRecord.destinationApp = load.destination.appID
+        let slot = ledger.claim(record, of: sessionRecord)
+        if let slot { ledgerSlots[ObjectIdentifier(load)] = slot }
+        if slot != nil && !load.failClosed {
+            load.startRecorded(committed: true)
+        } else {
+            let waiting = LoopBound(load, loop: loop)
+            let loop = loop
+            let queued = transferLog.submit(.load(record), mustCommit: load.failClosed) { committed in
+                loop.execute { waiting.value.startRecorded(committed: committed) }
+            }
+            if !queued {
+                loop.execute { waiting.value.startRecorded(committed: false) }
+            }
         }
-        if !queued {
-            loop.execute { waiting.value.startRecorded(committed: false) }
+        if let slot {
+            load.onMoved = { [ledger] load in ledger.update(slot, bytes: Int64(load.bytes), at: Date()) }
         }
-        let sessionID = session.id
         load.onCheckpoint = { [transferLog] load in
-            transferLog.checkpoint(sessionID: sessionID, loadID: Int64(load.id), bytes: Int64(load.bytes), at: Date())
+            var checkpoint = record
+            checkpoint.bytes = Int64(load.bytes)
+            checkpoint.endedAt = Date()
+            transferLog.checkpoint(checkpoint)
         }
     }
 
     private func loadEnded(_ load: Load, in session: Session, error: BrokerError?) {
         let record = loadRecord(load, in: session, endedAt: Date(), outcome: load.outcome(of: error), error: error)
+        let slot = ledgerSlots.removeValue(forKey: ObjectIdentifier(load))
         if !load.isUnrecorded {
-            transferLog.submit(.load(record))
+            // The slot is given back once the end is on disk, however long a full disk delays it.
+            if let slot {
+                transferLog.submit(.load(record), mustCommit: false) { [ledger] committed in
+                    if committed { ledger.release(slot) }
+                }
+            } else {
+                transferLog.submit(.load(record))
+            }
             AuditJournal.record(record)
+        } else if let slot {
+            ledger.release(slot)
         }
         monitors.emit(session, "loaded", "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: load.bytes, expected: load.expected ?? load.bytes)
         if let error {

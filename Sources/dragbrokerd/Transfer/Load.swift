@@ -20,10 +20,11 @@ struct LoadSource {
 /// sealed memfd to the destination. It has one phase, one byte count, a first-byte and a stall
 /// deadline, and it reports exactly one outcome through `onFinish`.
 ///
-/// No byte moves before the load's start record is on disk (`startRecorded`), so a crash can
-/// never hide a transfer: a data load's splice waits for it, a file load's descriptor is handed
-/// over only after it. Asking the source overlaps the write, so this costs little. Fail-closed,
-/// the source is asked only once the record committed, and a record that fails refuses the load.
+/// No byte moves before the load is on record (`startRecorded`), so a crash can never hide a
+/// transfer. Mostly that is at once, in the in-flight ledger (`AuditSink`); else a data load's
+/// splice waits for its start row to commit, and a file load's descriptor is handed over only
+/// after it. Fail-closed, the source is asked only once the row committed, and a row that
+/// fails refuses the load.
 final class Load {
     enum Phase: Equatable {
         /// Asked the source; nothing has arrived.
@@ -55,10 +56,12 @@ final class Load {
     var onProgress: ((Load) -> Void)?
     /// The one outcome: nil when every byte arrived, else why not.
     var onFinish: ((Load, BrokerError?) -> Void)?
-    /// Bytes so far, to keep on record while they move: at the first bytes, then at most once a
-    /// second while more arrive, and once more after the last of them, so a load that stalls
-    /// has its final count on record too.
+    /// Bytes so far, to keep on record while they move: once a second while they change, by the
+    /// load's one timer, so a load that stalls has its final count on record within a second
+    /// and a load shorter than a second costs no checkpoint at all.
     var onCheckpoint: ((Load) -> Void)?
+    /// Every move of bytes, for what costs no more than a few memory stores (the in-flight ledger).
+    var onMoved: ((Load) -> Void)?
     /// FailClosed=yes: the source is asked only after the start record committed.
     let failClosed: Bool
     /// Refused because its start record could not be written: the refusal is its record.
@@ -73,7 +76,6 @@ final class Load {
     private var lastReportAt: UInt64 = 0
     /// A file load's destination, still waiting for its `Load` reply.
     private var answer: Answer?
-    private var loop: EventLoop?
     /// Whether the attempt to write the start record is over (committed or not).
     private var startIsRecorded = false
     /// Fail-closed: everything waits for the start record.
@@ -81,8 +83,6 @@ final class Load {
     /// A file that arrived before the start record was written, with its size.
     private var heldFile: (file: FileDescriptor, size: UInt64)?
     private var checkpointedBytes: UInt64 = 0
-    private var lastCheckpointAt: UInt64 = 0
-    private var checkpointTimer: LoopTimer?
     static let checkpointInterval: UInt64 = 1_000_000
 
     init(_ request: LoadRequest, failClosed: Bool = false) {
@@ -100,7 +100,6 @@ final class Load {
     /// bytes wait for the start record); a file load once the source has handed the file over
     /// and the start record is written. Fail-closed, both wait for the start record first.
     func start(from source: LoadSource, answer: @escaping Answer) throws(InternalError) {
-        loop = source.bus.loop
         if failClosed && !startIsRecorded {
             deferredStart = (source, answer)
             // Should the load end another way first, the waiting caller hears why.
@@ -230,29 +229,11 @@ final class Load {
         if phase == .awaitingSource { phase = .streaming }
         let now = Kernel.monotonicMicroseconds()
         lastProgressAt = now
+        onMoved?(self)
         if now - lastReportAt >= 50_000 {
             lastReportAt = now
             onProgress?(self)
         }
-        if checkpointTimer == nil { checkpoint(now) }
-    }
-
-    /// Checkpoints now if a second has passed since the last one, else once it has.
-    private func checkpoint(_ now: UInt64) {
-        guard onCheckpoint != nil, bytes != checkpointedBytes else { return }
-        let due = lastCheckpointAt + Self.checkpointInterval
-        guard now >= due else {
-            checkpointTimer = loop.flatMap { loop in
-                try? LoopTimer(loop: loop, afterMicroseconds: due - now) { [unowned self] in
-                    checkpointTimer = nil
-                    if phase != .finished { checkpoint(Kernel.monotonicMicroseconds()) }
-                }
-            }
-            return
-        }
-        checkpointedBytes = bytes
-        lastCheckpointAt = now
-        onCheckpoint?(self)
     }
 
     // MARK: Files
@@ -373,13 +354,21 @@ final class Load {
 
     // MARK: Deadlines and the end
 
-    /// One timer per load: it fires at the earliest deadline and re-arms while bytes move.
+    /// One timer per load: it fires at the earliest deadline and re-arms while bytes move, and
+    /// while the load's bytes go on record it fires at least once a second to checkpoint them.
     private func armDeadline(_ source: LoadSource, after delay: UInt64) {
+        let delay = onCheckpoint == nil ? delay : min(delay, Self.checkpointInterval)
         deadline = try? LoopTimer(loop: source.bus.loop, afterMicroseconds: delay) { [unowned self] in
             guard phase != .finished else { return }
+            if bytes != checkpointedBytes, let onCheckpoint {
+                checkpointedBytes = bytes
+                onCheckpoint(self)
+            }
             let limits = source.limits()
             let now = Kernel.monotonicMicroseconds()
             if kind == .file || bytes == 0 && phase != .dataEnded {
+                let due = lastProgressAt + limits.firstByteTimeout
+                guard now >= due else { return armDeadline(source, after: due - now) }
                 finish(BrokerError(.timeout,
                     "The source produced nothing within \(limits.firstByteTimeout / 1_000_000) s (first-byte deadline)"))
             } else if now - lastProgressAt >= limits.stallTimeout {
@@ -397,7 +386,6 @@ final class Load {
         phase = .finished
         providerCall = nil
         deadline = nil
-        checkpointTimer = nil
         deferredStart = nil
         heldFile?.file.closeQuietly()
         heldFile = nil
@@ -411,6 +399,7 @@ final class Load {
         onFinish = nil
         onProgress = nil
         onCheckpoint = nil
+        onMoved = nil
         report?(self, error)
     }
 
