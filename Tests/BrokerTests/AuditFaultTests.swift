@@ -124,13 +124,7 @@ final class AuditFaultTests: XCTestCase {
     /// checkpoint, says so, and serves drags on the same, intact log.
     func testADaemonKilledMidTransferLeavesItOnRecordAndTheNextOneClosesItAsInterrupted() throws {
         let world = try AuditWorld()
-        let source = try world.peer("source-app")
-        let destination = try world.peer("destination-app")
-        let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
-        _ = destination.run("present \(token)")
-        XCTAssertEqual(destination.run("enter copy"), "OK copy")
-        XCTAssertEqual(destination.run("drop"), "OK copy")
-        destination.send("loadprogress 0 application/x-stalls")
+        let (source, destination) = try FaultTests.loadInFlight(world.peer)
         // 131072 bytes move, then the source stalls: the last checkpoint holds all of them.
         let checkpointed = try world.daemon.waitForLog { log -> LoadRecord? in
             try log.loads(includingOpen: true).first { $0.outcome == "open" && $0.bytes == 131_072 }
@@ -182,14 +176,7 @@ final class AuditFaultTests: XCTestCase {
     /// moved, and the next daemon records it from there.
     func testALoadKilledBeforeItsFirstCheckpointIsRecordedFromTheLedger() throws {
         let world = try AuditWorld()
-        let source = try world.peer("source-app")
-        let destination = try world.peer("destination-app")
-        let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
-        _ = destination.run("present \(token)")
-        XCTAssertEqual(destination.run("enter copy"), "OK copy")
-        XCTAssertEqual(destination.run("drop"), "OK copy")
-        destination.send("loadprogress 0 application/x-stalls")
-        XCTAssertNotNil(destination.stdout.take { $0.hasPrefix("PROGRESS ") }, destination.stdout.text)
+        let (source, destination) = try FaultTests.loadInFlight(world.peer)
         usleep(200_000)
 
         try world.restartDaemon(after: SIGKILL)

@@ -16,9 +16,9 @@ final class FaultTests: XCTestCase {
 
     /// A dropped drag whose data load is under way: bytes moved, then the source stalls at
     /// 131072, so the load is still in flight whenever the fault comes.
-    func loadInFlight(_ world: World) throws -> (source: Peer, destination: Peer) {
-        let source = try world.peer("source-app")
-        let destination = try world.peer("destination-app")
+    static func loadInFlight(_ peer: (String) throws -> Peer) throws -> (source: Peer, destination: Peer) {
+        let source = try peer("source-app")
+        let destination = try peer("destination-app")
         let (token, _) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-stalls","size":1048576,"chunk":65536,"stallAfter":131072}]}]}"#)
         _ = destination.run("present \(token)")
         XCTAssertEqual(destination.run("enter copy"), "OK copy")
@@ -30,7 +30,7 @@ final class FaultTests: XCTestCase {
 
     func testLosingTheBusEndsTheDaemonWithFailureAndRecordsWhatWasInFlightAsInterrupted() throws {
         let world = try World()
-        let (source, destination) = try loadInFlight(world)
+        let (source, destination) = try Self.loadInFlight { try world.peer($0) }
         usleep(200_000)
 
         world.bus.kill()
@@ -51,7 +51,7 @@ final class FaultTests: XCTestCase {
 
     func testTheClientLibraryReportsDisconnectedWhenTheDaemonDies() throws {
         let world = try World()
-        let (source, destination) = try loadInFlight(world)
+        let (source, destination) = try Self.loadInFlight { try world.peer($0) }
         let daemonName = try XCTUnwrap(((try BusProbe(address: world.bus.address)
             .call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner") { m throws(BusError) in
                 try m.append(BrokerNames.busName)
