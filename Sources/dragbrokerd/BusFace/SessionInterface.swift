@@ -319,9 +319,9 @@ final class SessionInterface {
         try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
     }
 
-    /// Data loads answer at once with a pipe; file loads once the source has handed the file
-    /// over and the load's start record is written, so this call may be answered later.
-    /// Fail-closed, both wait for the start record to commit, and are refused if it cannot.
+    /// Data loads answer with a pipe, file loads once the source has handed the file over, so
+    /// this call may be answered later; both only once the load is on record. Fail-closed,
+    /// that is once its start record committed, and a record that cannot refuses the load.
     private func load(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
@@ -331,8 +331,7 @@ final class SessionInterface {
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
                                 limits: { [unowned daemon] in daemon.registry.limits })
         let dispatcher = daemon.dispatcher
-        // Tracked before it starts, so its start record is on its way to disk while the
-        // source is asked: the bytes wait for that record, and the two overlap.
+        // Tracked before it starts: tracking puts it on record (`AuditSink`), which it waits for.
         session.track(load)
         do {
             try load.start(from: source) { [weak session] answer in

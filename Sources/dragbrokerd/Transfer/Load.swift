@@ -21,10 +21,9 @@ struct LoadSource {
 /// deadline, and it reports exactly one outcome through `onFinish`.
 ///
 /// No byte moves before the load is on record (`startRecorded`), so a crash can never hide a
-/// transfer. Mostly that is at once, in the in-flight ledger (`AuditSink`); else a data load's
-/// splice waits for its start row to commit, and a file load's descriptor is handed over only
-/// after it. Fail-closed, the source is asked only once the row committed, and a row that
-/// fails refuses the load.
+/// transfer. Mostly that is at once, in the in-flight ledger (`AuditSink`); else, and always
+/// fail-closed, the source is asked only once the attempt to write its start row is over.
+/// Fail-closed, a row that fails refuses the load.
 final class Load {
     enum Phase: Equatable {
         /// Asked the source; nothing has arrived.
@@ -78,10 +77,8 @@ final class Load {
     private var answer: Answer?
     /// Whether the attempt to write the start record is over (committed or not).
     private var startIsRecorded = false
-    /// Fail-closed: everything waits for the start record.
+    /// Not yet on record: the source is asked once the start record's attempt is over.
     private var deferredStart: (source: LoadSource, answer: Answer)?
-    /// A file that arrived before the start record was written, with its size.
-    private var heldFile: (file: FileDescriptor, size: UInt64)?
     private var checkpointedBytes: UInt64 = 0
     static let checkpointInterval: UInt64 = 1_000_000
 
@@ -96,11 +93,10 @@ final class Load {
         lastProgressAt = Kernel.monotonicMicroseconds()
     }
 
-    /// Asks the source for the bytes. A data load answers at once with the pipe to read (its
-    /// bytes wait for the start record); a file load once the source has handed the file over
-    /// and the start record is written. Fail-closed, both wait for the start record first.
+    /// Asks the source for the bytes, once the load is on record. A data load answers with the
+    /// pipe to read; a file load once the source has handed the file over.
     func start(from source: LoadSource, answer: @escaping Answer) throws(InternalError) {
-        if failClosed && !startIsRecorded {
+        if !startIsRecorded {
             deferredStart = (source, answer)
             // Should the load end another way first, the waiting caller hears why.
             self.answer = answer
@@ -117,14 +113,15 @@ final class Load {
         }
     }
 
-    /// The attempt to write the start record is over. Fail-closed, a record that did not commit
-    /// refuses the load; otherwise the load goes on either way (the record waits for a retry).
+    /// The load is on record, or the attempt to write its start record is over. Fail-closed, a
+    /// record that did not commit refuses the load; otherwise the load goes on either way (the
+    /// record waits for a retry).
     func startRecorded(committed: Bool) {
         guard !startIsRecorded, phase != .finished else { return }
         startIsRecorded = true
         if let (source, answer) = deferredStart {
             deferredStart = nil
-            guard committed else {
+            guard committed || !failClosed else {
                 isUnrecorded = true
                 return finish(Self.auditRefusal)
             }
@@ -134,12 +131,6 @@ final class Load {
             } catch {
                 finish(BrokerError(.failed, "dragbrokerd failed to serve Load: \(error)"))
             }
-            return
-        }
-        proxy?.release()
-        if let (file, size) = heldFile {
-            heldFile = nil
-            handOver(file, size: size)
         }
     }
 
@@ -164,7 +155,7 @@ final class Load {
     // MARK: Data
 
     private func startData(_ source: LoadSource, answer: Answer) throws(InternalError) {
-        proxy = try PipeProxy(loop: source.bus.loop, held: !startIsRecorded, handOver: { sourceEnd, destinationEnd throws(InternalError) in
+        proxy = try PipeProxy(loop: source.bus.loop, handOver: { sourceEnd, destinationEnd throws(InternalError) in
             do {
                 let call = try providerCall(source, member: "Provide")
                 try call.append(fileDescriptor: sourceEnd.rawValue)
@@ -254,11 +245,11 @@ final class Load {
                     defer { handed.closeQuietly() }
                     do throws(BrokerError) {
                         let (file, size) = try Self.checkedFile(handed)
-                        guard startIsRecorded else {
-                            heldFile = (file, size)
-                            return
-                        }
-                        handOver(file, size: size)
+                        defer { file.closeQuietly() }
+                        bytes = size
+                        self.answer = nil
+                        answer(.success((file, .file)))
+                        finish(nil)
                     } catch {
                         finish(error)
                     }
@@ -271,17 +262,6 @@ final class Load {
         }
         // Should the load end another way (cancel, timeout, disconnect), the waiting caller hears why.
         self.answer = answer
-    }
-
-    /// The destination gets the file, and the load is over: a file load moves nothing more.
-    private func handOver(_ file: FileDescriptor, size: UInt64) {
-        defer { file.closeQuietly() }
-        bytes = size
-        if let answer {
-            self.answer = nil
-            answer(.success((file, .file)))
-        }
-        finish(nil)
     }
 
     /// A file handed over must be a read-only regular file or a memfd sealed against writing,
@@ -387,8 +367,6 @@ final class Load {
         providerCall = nil
         deadline = nil
         deferredStart = nil
-        heldFile?.file.closeQuietly()
-        heldFile = nil
         proxy?.stop()
         proxy = nil
         if let error, let answer {

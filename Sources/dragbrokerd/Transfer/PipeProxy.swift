@@ -35,10 +35,6 @@ final class PipeProxy {
     /// The source said it wrote everything: what is in the pipe is the whole of the data,
     /// whether or not every copy of the write end has been closed.
     private var sourceIsDone = false
-    /// Nothing is spliced until `release()`: the load's start record is not on disk yet.
-    private var held: Bool
-    /// Bytes (or the source's end) came while held, and the input watch was turned off.
-    private var heldData = false
 
     /// Larger pipes halve the number of wakeups per byte; see `make bench`.
     private static let pipeSize: Int32 = 1 << 20
@@ -48,9 +44,8 @@ final class PipeProxy {
     /// Creates the pipes and lends the peers' ends to `handOver` (source's write end, then the
     /// destination's read end), closing them after it returns: whoever receives them holds
     /// duplicates (sd-bus duplicates what it sends).
-    init(loop: EventLoop, held: Bool = false, handOver: (FileDescriptor, FileDescriptor) throws(InternalError) -> Void,
+    init(loop: EventLoop, handOver: (FileDescriptor, FileDescriptor) throws(InternalError) -> Void,
          onFinish: @escaping (Outcome, _ moved: UInt64) -> Void) throws(InternalError) {
-        self.held = held
         let fromSource: (readEnd: FileDescriptor, writeEnd: FileDescriptor)
         let toDestination: (readEnd: FileDescriptor, writeEnd: FileDescriptor)
         do {
@@ -107,16 +102,6 @@ final class PipeProxy {
         pump()
     }
 
-    /// Starts moving the bytes a held proxy kept waiting, as many as the source wrote meanwhile.
-    func release() {
-        guard held else { return }
-        held = false
-        guard onFinish != nil, heldData else { return }
-        heldData = false
-        inputWatch?.setEnabled(true)
-        pump()
-    }
-
     /// Stops moving bytes; the daemon's ends close with the proxy, so both peers see the pipe end.
     func stop() {
         onFinish = nil
@@ -126,13 +111,6 @@ final class PipeProxy {
     }
 
     private func pump() {
-        // The watch stays armed until bytes come while held, so a release that comes first,
-        // as it mostly does, costs nothing; bytes that come first wait with the watch off.
-        guard !held else {
-            inputWatch?.setEnabled(false)
-            heldData = true
-            return
-        }
         var moved: UInt64 = 0
         let outcome = pumpSlice(&moved)
         if let outcome {
