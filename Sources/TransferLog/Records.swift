@@ -4,7 +4,7 @@ import GRDB
 /// One drag session: written with the outcome "open" when it begins, brought up to date at the
 /// drop, and completed in place when it ends. While it is open, `endedAt` is the latest time
 /// the session was known to be alive.
-public struct SessionRecord: Sendable, Codable, Equatable, FetchableRecord, PersistableRecord {
+public struct SessionRecord: Sendable, Codable, Equatable, MicrosecondDatedRecord, PersistableRecord {
     public static let databaseTableName = "session"
 
     public var sessionID: String
@@ -38,21 +38,13 @@ public struct SessionRecord: Sendable, Codable, Equatable, FetchableRecord, Pers
         self.startedAt = startedAt
         self.endedAt = endedAt
     }
-
-    public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
-        MicrosecondTimestamp.encoding
-    }
-
-    public static func databaseDateDecodingStrategy(for column: String) -> DatabaseDateDecodingStrategy {
-        MicrosecondTimestamp.decoding
-    }
 }
 
 /// One data transfer from a source to a destination within a session: written with the outcome
 /// "open" when it starts, its bytes checkpointed while it runs, and completed in place when it
 /// ends. While it is open, `bytes` and `endedAt` are those of its last checkpoint (at first, its
 /// start).
-public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, PersistableRecord {
+public struct LoadRecord: Sendable, Codable, Equatable, MicrosecondDatedRecord, PersistableRecord {
     public static let databaseTableName = "load"
 
     /// Assigned by SQLite; nil until the record has been written.
@@ -96,19 +88,11 @@ public struct LoadRecord: Sendable, Codable, Equatable, FetchableRecord, Persist
         self.outcome = outcome
         self.errorName = errorName
     }
-
-    public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
-        MicrosecondTimestamp.encoding
-    }
-
-    public static func databaseDateDecodingStrategy(for column: String) -> DatabaseDateDecodingStrategy {
-        MicrosecondTimestamp.decoding
-    }
 }
 
 /// One refused request: who asked (as the daemon identified it), for what, and why, with
 /// the policy rule (`file:line`) when a rule decided.
-public struct RefusalRecord: Codable, Equatable, Sendable, FetchableRecord, MutablePersistableRecord {
+public struct RefusalRecord: Codable, Equatable, Sendable, MicrosecondDatedRecord, MutablePersistableRecord {
     public static let databaseTableName = "refusal"
 
     public var id: Int64?
@@ -143,19 +127,11 @@ public struct RefusalRecord: Codable, Equatable, Sendable, FetchableRecord, Muta
     public mutating func didInsert(_ inserted: InsertionSuccess) {
         id = inserted.rowID
     }
-
-    public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
-        MicrosecondTimestamp.encoding
-    }
-
-    public static func databaseDateDecodingStrategy(for column: String) -> DatabaseDateDecodingStrategy {
-        MicrosecondTimestamp.decoding
-    }
 }
 
 /// Records the log could not keep, counted instead: written as soon as the log can take a
 /// row again, so a reader knows the log is incomplete, when, by how much, and why.
-public struct GapRecord: Codable, Equatable, Sendable, FetchableRecord, MutablePersistableRecord {
+public struct GapRecord: Codable, Equatable, Sendable, MicrosecondDatedRecord, MutablePersistableRecord {
     public static let databaseTableName = "gap"
 
     public var id: Int64?
@@ -179,7 +155,12 @@ public struct GapRecord: Codable, Equatable, Sendable, FetchableRecord, MutableP
     public mutating func didInsert(_ inserted: InsertionSuccess) {
         id = inserted.rowID
     }
+}
 
+/// A record whose dates are stored as `MicrosecondTimestamp`s.
+public protocol MicrosecondDatedRecord: FetchableRecord, EncodableRecord {}
+
+extension MicrosecondDatedRecord {
     public static func databaseDateEncodingStrategy(for column: String) -> DatabaseDateEncodingStrategy {
         MicrosecondTimestamp.encoding
     }

@@ -298,6 +298,14 @@ final class TransferLogTests: XCTestCase {
 
     // MARK: Write-ahead records
 
+    /// A session's row as written when it begins.
+    private func openSession(_ id: String) -> SessionRecord {
+        var record = session(id)
+        record.outcome = SessionRecord.open
+        record.endedAt = record.startedAt
+        return record
+    }
+
     private func openLoad(_ loadID: Int64, sessionID: String = "s1") -> LoadRecord {
         var record = load(sessionID: sessionID, bytes: 0)
         record.loadID = loadID
@@ -318,9 +326,7 @@ final class TransferLogTests: XCTestCase {
     /// start opened, checkpoints move an open row's bytes and time, and never a closed one's.
     func testTheEndCompletesTheRowTheStartOpened() throws {
         let log = try TransferLog(path: logPath)
-        var opened = session("s1")
-        opened.outcome = SessionRecord.open
-        opened.endedAt = opened.startedAt
+        let opened = openSession("s1")
         log.submit(.session(opened))
         log.submit(.load(openLoad(1)))
         log.submit(.load(openLoad(2)))
@@ -371,13 +377,9 @@ final class TransferLogTests: XCTestCase {
     /// its start; a session at the latest of its loads; closed records stay as they were.
     func testCloseOpenRecordsEndsEachAtItsLastCheckpointElseItsStart() throws {
         let log = try TransferLog(path: logPath)
-        var opened = session("s1")
-        opened.outcome = SessionRecord.open
-        opened.endedAt = opened.startedAt
+        let opened = openSession("s1")
         log.submit(.session(opened))
-        var untouched = session("s2")
-        untouched.outcome = SessionRecord.open
-        untouched.endedAt = untouched.startedAt
+        let untouched = openSession("s2")
         log.submit(.session(untouched))
         log.submit(.session(session("s0")))
         log.submit(.load(openLoad(1)))
@@ -393,8 +395,7 @@ final class TransferLogTests: XCTestCase {
         var unwritten = openLoad(3, sessionID: "s3")
         unwritten.bytes = 42
         unwritten.endedAt = t0.addingTimeInterval(6)
-        var s3 = session("s3")
-        s3.outcome = SessionRecord.open
+        var s3 = openSession("s3")
         s3.endedAt = unwritten.endedAt
         var ended = openLoad(1, sessionID: "s0")
         ended.outcome = "completed"
