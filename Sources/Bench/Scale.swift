@@ -39,6 +39,8 @@ enum Scale {
         [Limits]
         SessionsPerConnection=\(policyLimit)
         SessionsTotal=\(policyLimit)
+        SessionsPerApp=\(policyLimit)
+        SessionsPerUser=\(policyLimit)
 
         """
 

@@ -366,7 +366,7 @@ public actor BrokerConnection {
         if let failure {
             call.fail(failure.busError)
         } else {
-            try? call.reply()
+            _ = try? call.reply()
         }
     }
 

@@ -122,6 +122,26 @@ public struct PolicyLimits: Hashable, Sendable {
     /// Seconds a dropped session may wait, with no load in flight, for its destination to
     /// load or conclude.
     public var concludeTimeoutSec = 60
+    /// Live sessions one app may have begun, over all its connections.
+    public var sessionsPerApp = 64
+    /// Live sessions the unsandboxed apps of one user may have begun together.
+    public var sessionsPerUser = 256
+    /// Loads in flight one app may take part in, as destination or source.
+    public var loadsPerApp = 64
+    /// Loads in flight the unsandboxed apps of one user may take part in together.
+    public var loadsPerUser = 256
+    /// Loads in flight for everyone together (lowered to what the descriptor limit allows).
+    public var loadsTotal = 4096
+    /// Threads one app's handed-over descriptors may hold at once: each is a call (fstat, open,
+    /// close) that the file system the descriptor lives on may never answer.
+    public var descriptorThreadsPerApp = 4
+    /// Such threads for every app together.
+    public var descriptorThreadsTotal = 32
+    /// Refusals recorded one by one per app (and per user for unsandboxed apps) within each
+    /// interval; past the burst they are counted, and one row says how many, as journald's
+    /// `RateLimitIntervalSec=`/`RateLimitBurst=` do.
+    public var refusalRateLimitIntervalSec = 60
+    public var refusalRateLimitBurst = 60
 
     public init() {}
 
@@ -134,11 +154,20 @@ public struct PolicyLimits: Hashable, Sendable {
         ("RepresentationsPerItem", \.representationsPerItem),
         ("DestinationsPerSession", \.destinationsPerSession),
         ("ConcurrentLoadsPerSession", \.concurrentLoadsPerSession),
+        ("SessionsPerApp", \.sessionsPerApp),
+        ("SessionsPerUser", \.sessionsPerUser),
+        ("LoadsPerApp", \.loadsPerApp),
+        ("LoadsPerUser", \.loadsPerUser),
+        ("LoadsTotal", \.loadsTotal),
         ("MaxStringLength", \.maxStringLength),
         ("FirstByteTimeoutSec", \.firstByteTimeoutSec),
         ("StallTimeoutSec", \.stallTimeoutSec),
         ("DragTimeoutSec", \.dragTimeoutSec),
         ("ConcludeTimeoutSec", \.concludeTimeoutSec),
+        ("DescriptorThreadsPerApp", \.descriptorThreadsPerApp),
+        ("DescriptorThreadsTotal", \.descriptorThreadsTotal),
+        ("RefusalRateLimitIntervalSec", \.refusalRateLimitIntervalSec),
+        ("RefusalRateLimitBurst", \.refusalRateLimitBurst),
     ]
 }
 

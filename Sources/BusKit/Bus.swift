@@ -122,6 +122,14 @@ public final class Bus: @unchecked Sendable {
         return try result.get()
     }
 
+    /// Messages sent but not yet written to the bus socket (sd_bus_get_n_queued_write): at 0,
+    /// every message sent so far, and every descriptor in it, is in the kernel's hands.
+    public var queuedWrites: UInt64 {
+        var count: UInt64 = 0
+        sd_bus_get_n_queued_write(handle, &count)
+        return count
+    }
+
     /// Writes every queued message out, e.g. the last signals before exiting.
     public func flush() {
         sd_bus_flush(handle)

@@ -78,7 +78,10 @@ public final class MethodCall {
     /// The caller's unique bus name.
     public var sender: String { message.sender ?? "" }
 
-    public func reply(_ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) {
+    /// Builds and sends the reply, and returns it: a caller that put a descriptor in it may
+    /// keep it, so that sd-bus does not close its copy of the descriptor (see `Bus.queuedWrites`).
+    @discardableResult
+    public func reply(_ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) -> Message {
         precondition(!answered, "method call answered twice")
         var r: OpaquePointer?
         try check(sd_bus_message_new_method_return(message.handle, &r), "new method return")
@@ -86,6 +89,7 @@ public final class MethodCall {
         try build(reply)
         try bus.send(reply)
         answered = true
+        return reply
     }
 
     public func fail(_ error: BusError) {

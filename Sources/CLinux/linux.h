@@ -37,6 +37,10 @@ static inline int linux_set_pipe_size(int fd, int size) { return fcntl(fd, 1024 
 static inline int linux_get_pipe_size(int fd) { return fcntl(fd, 1024 + 8); }
 
 static inline int linux_get_flags(int fd) { return fcntl(fd, F_GETFL); }
+/* O_PATH (010000000 on every Linux architecture but alpha, parisc and sparc). */
+static inline int linux_o_path(void) { return 010000000; }
+/* dup3(old, new, O_CLOEXEC): puts `old`'s file at number `new`, closing what was there. */
+static inline int linux_dup3_cloexec(int old, int new_fd) { return dup3(old, new_fd, O_CLOEXEC); }
 static inline int linux_set_flags(int fd, int flags) { return fcntl(fd, F_SETFL, flags); }
 static inline int linux_dupfd_cloexec(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 3); }
 

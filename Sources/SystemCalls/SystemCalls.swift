@@ -89,6 +89,13 @@ public struct FileStatus: Sendable, Equatable {
     public var inode: UInt64
 }
 
+/// What an open file description permits, from its status flags.
+public enum DescriptorAccess: Sendable, Equatable {
+    case readOnly, writeOnly, readWrite
+    /// `O_PATH`: a location only, which neither reads nor writes.
+    case pathOnly
+}
+
 /// memfd seals (F_ADD_SEALS): what may no longer happen to the file's contents.
 public struct FileSeals: OptionSet, Sendable {
     public let rawValue: Int32
@@ -125,7 +132,25 @@ extension FileDescriptor {
 
     /// fcntl(F_GETFL) & O_ACCMODE: whether the descriptor was opened for reading only.
     public func isReadOnly() throws(Errno) -> Bool {
-        try valueOrErrno { linux_get_flags(rawValue) } & O_ACCMODE == O_RDONLY
+        try access() == .readOnly
+    }
+
+    /// fcntl(F_GETFL): what the open file description was opened for. An `O_PATH` descriptor
+    /// reads as O_RDONLY in O_ACCMODE, yet grants no reading at all: it is told apart here.
+    public func access() throws(Errno) -> DescriptorAccess {
+        let flags = try valueOrErrno { linux_get_flags(rawValue) }
+        if flags & linux_o_path() != 0 { return .pathOnly }
+        switch flags & O_ACCMODE {
+        case O_RDONLY: return .readOnly
+        case O_WRONLY: return .writeOnly
+        default: return .readWrite
+        }
+    }
+
+    /// dup3(2) with O_CLOEXEC: this descriptor's file now also sits at `number`, and whatever
+    /// sat there is closed (which, on a file system like FUSE, may block).
+    public func duplicate(over number: Int32) throws(Errno) {
+        _ = try valueOrErrno { linux_dup3_cloexec(rawValue, number) }
     }
 
     /// fcntl(F_GET_SEALS); nil for a file that cannot carry seals (anything but a memfd).
@@ -146,6 +171,11 @@ extension FileDescriptor {
     /// /proc/self/fd: what the holder of the old one can do no longer matters.
     public func reopenReadOnly() throws(Errno) -> FileDescriptor {
         FileDescriptor(rawValue: try valueOrErrno { Glibc.open("/proc/self/fd/\(rawValue)", O_RDONLY | O_CLOEXEC) })
+    }
+
+    /// open(2) with O_PATH: a location that grants neither reading nor writing.
+    public static func openLocation(_ path: String) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { Glibc.open(path, linux_o_path() | O_CLOEXEC) })
     }
 
     /// lseek(2) to the start.
@@ -242,6 +272,40 @@ public enum Kernel {
     public static func openProcess(_ pid: pid_t) throws(Errno) -> FileDescriptor {
         FileDescriptor(rawValue: try valueOrErrno { linux_pidfd_open(pid) })
     }
+
+    /// The device of the kernel's internal tmpfs that holds every memfd (and nothing that has a
+    /// path): a tmpfs file also answers F_GET_SEALS, so a memfd is told by where it lives. Nil
+    /// when no memfd could be made to ask.
+    public static let memoryFileDevice: UInt64? = {
+        guard let probe = try? makeMemoryFile(name: "dragbroker-probe") else { return nil }
+        defer { probe.closeQuietly() }
+        return try? probe.status().device
+    }()
+
+    /// /dev/null, open read-only for the life of the process: what a borrowed descriptor's
+    /// number is pointed at, so that whoever closes that number later closes nothing that blocks.
+    public static let nullDevice: FileDescriptor? = {
+        let fd = Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+        return fd < 0 ? nil : FileDescriptor(rawValue: fd)
+    }()
+
+    /// getrlimit/setrlimit(RLIMIT_NOFILE): raises the soft limit on open descriptors to the
+    /// hard one, as systemd's own daemons do (select(2)'s FD_SETSIZE is no concern here), and
+    /// returns the limits now in force.
+    public static func raiseDescriptorLimit() throws(Errno) -> (soft: UInt64, hard: UInt64) {
+        var limit = rlimit()
+        _ = try valueOrErrno { getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            _ = try valueOrErrno { setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) }
+            limit = raised
+        }
+        return (UInt64(limit.rlim_cur), UInt64(limit.rlim_max))
+    }
+
+    /// geteuid(2).
+    public static var effectiveUserID: uid_t { geteuid() }
 
     /// memfd_create(2) with close-on-exec and sealing allowed.
     public static func makeMemoryFile(name: String) throws(Errno) -> FileDescriptor {

@@ -24,6 +24,8 @@ final class Daemon {
     let registry: Registry
     let audit: AuditSink
     let dispatcher: Dispatcher
+    /// Where clients' descriptors are handled, off the loop.
+    let descriptors: ClientDescriptors
     private let policyDirectory: String
     private var manager: ManagerInterface?
     private var sessionInterface: SessionInterface?
@@ -44,6 +46,8 @@ final class Daemon {
         registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
         audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
         dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger)
+        descriptors = ClientDescriptors(workers: BlockingWorkers(bounds: Limits(policy.limits).descriptorThreads), bus: bus)
+        audit.refusalRule = Limits(policy.limits).refusalRate
     }
 
     /// Exports the interfaces and starts watching peers. Call before owning the bus name, so
@@ -136,6 +140,8 @@ final class Daemon {
             throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
         }
         registry.identities.apply(policy)
+        descriptors.workers.bounds = Limits(policy.limits).descriptorThreads
+        audit.refusalRule = Limits(policy.limits).refusalRate
         // New deadlines apply to live sessions too: one already past them ends now.
         registry.expireDeadlines(at: Kernel.monotonicMicroseconds())
         applyRetention()
@@ -176,6 +182,7 @@ final class Daemon {
     func shutdown() {
         ServiceManager.notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
         registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
+        audit.summarizeSuppressedRefusals()
         bus.flush()
         audit.transferLog.flush()
     }

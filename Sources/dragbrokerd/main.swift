@@ -88,8 +88,23 @@ func runDaemon() -> Int32 {
 
     // A peer that closes its pipe must cost an EPIPE, never the daemon.
     Kernel.ignoreSIGPIPE()
+    // Opened once, now, rather than at the first handed-over file: how memfds are told from
+    // tmpfs files, and where a client's descriptor number is pointed once taken.
+    guard Kernel.memoryFileDevice != nil, Kernel.nullDevice != nil else {
+        logger.critical("Failed to start: no memfd could be made, or /dev/null could not be opened")
+        return 1
+    }
     // Signals arrive through the loop; block them before any other thread exists.
     SignalWatch.block([SIGTERM, SIGINT, SIGHUP])
+    // Every load holds descriptors: take all the kernel allows, and bound the loads by it.
+    var descriptorLimit: Int?
+    do {
+        let (soft, hard) = try Kernel.raiseDescriptorLimit()
+        descriptorLimit = Int(clamping: soft)
+        logger.debug("Descriptor limit \(soft) (hard limit \(hard))")
+    } catch {
+        logger.warning("Failed to read or raise the descriptor limit: \(error), ignoring")
+    }
     do {
         let policy: Policy
         do {
@@ -148,6 +163,7 @@ func runDaemon() -> Int32 {
         }
         let daemon = Daemon(bus: bus, transferLog: transferLog, ledger: ledger, policy: policy, policyDirectory: options.policyDirectory,
                             types: MimeDatabase.system, firstSessionNumber: firstSessionNumber, logger: logger)
+        daemon.registry.descriptorLimit = descriptorLimit
         try daemon.start()
         daemon.applyRetention()
         // sd-bus closes the connection when the loop exits: end sessions while it still works.

@@ -547,24 +547,7 @@ final class BrokerPolicyTests: XCTestCase {
             SessionsPerConnection=16
             # from \(path):18
             SessionsTotal=64
-            # default
-            ItemsPerSession=256
-            # default
-            RepresentationsPerItem=32
-            # default
-            DestinationsPerSession=64
-            # default
-            ConcurrentLoadsPerSession=16
-            # default
-            MaxStringLength=255
-            # default
-            FirstByteTimeoutSec=30
-            # default
-            StallTimeoutSec=30
-            # default
-            DragTimeoutSec=300
-            # default
-            ConcludeTimeoutSec=60
+            \(Self.renderedDefaultLimitsAfterSessionsTotal)
 
             [Audit]
             # default
@@ -596,24 +579,7 @@ final class BrokerPolicyTests: XCTestCase {
             SessionsPerConnection=16
             # default
             SessionsTotal=1024
-            # default
-            ItemsPerSession=256
-            # default
-            RepresentationsPerItem=32
-            # default
-            DestinationsPerSession=64
-            # default
-            ConcurrentLoadsPerSession=16
-            # default
-            MaxStringLength=255
-            # default
-            FirstByteTimeoutSec=30
-            # default
-            StallTimeoutSec=30
-            # default
-            DragTimeoutSec=300
-            # default
-            ConcludeTimeoutSec=60
+            \(Self.renderedDefaultLimitsAfterSessionsTotal)
 
             [Audit]
             # default
@@ -623,4 +589,44 @@ final class BrokerPolicyTests: XCTestCase {
 
             """)
     }
+
+    /// What `render()` prints for every [Limits] key after SessionsTotal= left at its default.
+    static let renderedDefaultLimitsAfterSessionsTotal = """
+        # default
+        ItemsPerSession=256
+        # default
+        RepresentationsPerItem=32
+        # default
+        DestinationsPerSession=64
+        # default
+        ConcurrentLoadsPerSession=16
+        # default
+        SessionsPerApp=64
+        # default
+        SessionsPerUser=256
+        # default
+        LoadsPerApp=64
+        # default
+        LoadsPerUser=256
+        # default
+        LoadsTotal=4096
+        # default
+        MaxStringLength=255
+        # default
+        FirstByteTimeoutSec=30
+        # default
+        StallTimeoutSec=30
+        # default
+        DragTimeoutSec=300
+        # default
+        ConcludeTimeoutSec=60
+        # default
+        DescriptorThreadsPerApp=4
+        # default
+        DescriptorThreadsTotal=32
+        # default
+        RefusalRateLimitIntervalSec=60
+        # default
+        RefusalRateLimitBurst=60
+        """
 }

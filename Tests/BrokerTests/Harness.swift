@@ -63,9 +63,29 @@ final class PrivateBus {
     let address: String
     private let daemon: Child
 
-    init() throws {
-        daemon = try Child(executable: URL(fileURLWithPath: "/usr/bin/dbus-daemon"),
-                           arguments: ["--session", "--nofork", "--nopidfile", "--print-address=1"],
+    /// `everyUser`: any user may connect, not only the bus's own (a bus several users share).
+    init(everyUser: Bool = false) throws {
+        var arguments = ["--session", "--nofork", "--nopidfile", "--print-address=1"]
+        if everyUser {
+            let config = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-bus-\(UUID().uuidString).conf")
+            try """
+                <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+                 "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+                <busconfig>
+                  <type>session</type>
+                  <listen>unix:tmpdir=/tmp</listen>
+                  <auth>EXTERNAL</auth>
+                  <policy context="default">
+                    <allow user="*"/>
+                    <allow send_destination="*" eavesdrop="true"/>
+                    <allow eavesdrop="true"/>
+                    <allow own="*"/>
+                  </policy>
+                </busconfig>
+                """.write(to: config, atomically: true, encoding: .utf8)
+            arguments = ["--config-file=\(config.path)", "--nofork", "--nopidfile", "--print-address=1"]
+        }
+        daemon = try Child(executable: URL(fileURLWithPath: "/usr/bin/dbus-daemon"), arguments: arguments,
                            environment: ["PATH": "/usr/bin:/bin"])
         guard let address = daemon.stdout.take(where: { $0.hasPrefix("unix:") }) else {
             throw HarnessError("dbus-daemon did not start: \(daemon.stderr.text)")
@@ -135,13 +155,16 @@ final class Daemon: Child {
     let stateDirectory: URL
     let policyDirectory: URL
 
+    /// `user`: run as this user (see `TestUser`) rather than as the test's. `launcher`: the
+    /// command that starts it, e.g. `prlimit --nofile=…`.
     init(bus: PrivateBus, stateDirectory: URL, policyDirectory: URL, arguments: [String] = [],
-         environment: [String: String] = [:], waitUntilServing: Bool = true) throws {
+         environment: [String: String] = [:], waitUntilServing: Bool = true, user: TestUser? = nil, launcher: [String] = []) throws {
         self.stateDirectory = stateDirectory
         self.policyDirectory = policyDirectory
-        try super.init(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
-                       arguments: ["--address", bus.address, "--state-directory", stateDirectory.path,
-                                   "--policy-directory", policyDirectory.path] + arguments,
+        let command = [productsDirectory.appendingPathComponent("dragbrokerd").path, "--address", bus.address,
+                       "--state-directory", stateDirectory.path, "--policy-directory", policyDirectory.path] + arguments
+        let run = launcher + (user.map { $0.command(command) } ?? command)
+        try super.init(executable: URL(fileURLWithPath: run[0]), arguments: Array(run.dropFirst()),
                        environment: ["PATH": "/usr/bin:/bin"].merging(environment) { $1 })
         guard !waitUntilServing || stderr.take(where: { $0.contains("Serving org.dragbroker.Broker1") }) != nil else {
             throw HarnessError("dragbrokerd did not start: \(stderr.text)")
@@ -242,7 +265,8 @@ final class Peer: Child {
     /// The bus proxy of a bubblewrap sandbox, which lives as long as the app.
     let proxy: FlatpakBusProxy?
 
-    init(app: String, in directory: URL, bus: PrivateBus, sandbox: Sandbox = .none, program: Program = .testPeer) throws {
+    init(app: String, in directory: URL, bus: PrivateBus, sandbox: Sandbox = .none, program: Program = .testPeer,
+         user: TestUser? = nil) throws {
         let binary = directory.appendingPathComponent("apps/\(app)")
         if program == .testPeer && !FileManager.default.fileExists(atPath: binary.path) {
             try FileManager.default.createDirectory(at: binary.deletingLastPathComponent(), withIntermediateDirectories: true)
@@ -264,7 +288,8 @@ final class Peer: Child {
         }
         switch sandbox {
         case .none:
-            try super.init(executable: executable, arguments: Array(command.dropFirst()), environment: environment)
+            let run = user.map { $0.command(command) } ?? command
+            try super.init(executable: URL(fileURLWithPath: run[0]), arguments: Array(run.dropFirst()), environment: environment)
         case .bubblewrap:
             // No network, IPC or PID namespace of the host, and a /tmp of its own: the proxy's
             // socket is the app's only way to a bus. The app is bound at /app, as in Flatpak.
@@ -335,7 +360,9 @@ final class World {
     private(set) var daemon: Daemon
 
     /// `policy` gets the world's directory, so registry entries can name the app copies.
-    init(policy: ((World.Paths) -> String)? = nil) throws {
+    /// `daemonUser` runs the daemon as that user, on a bus every user may join.
+    init(policy: ((World.Paths) -> String)? = nil, daemonUser: TestUser? = nil, everyUser: Bool = false,
+         daemonLauncher: [String] = []) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-test-\(UUID().uuidString)")
         let paths = Paths(directory: directory)
         try FileManager.default.createDirectory(at: paths.policyDirectory.appendingPathComponent("dragbroker.conf.d"),
@@ -343,8 +370,14 @@ final class World {
         if let policy {
             try policy(paths).write(to: paths.policyFile, atomically: true, encoding: .utf8)
         }
-        bus = try PrivateBus()
-        daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"), policyDirectory: paths.policyDirectory)
+        bus = try PrivateBus(everyUser: everyUser || daemonUser != nil)
+        let state = directory.appendingPathComponent("state")
+        if let daemonUser {
+            try FileManager.default.createDirectory(at: state, withIntermediateDirectories: true)
+            try daemonUser.own(state)
+        }
+        daemon = try Daemon(bus: bus, stateDirectory: state, policyDirectory: paths.policyDirectory, user: daemonUser,
+                            launcher: daemonLauncher)
     }
 
     struct Paths {
@@ -363,8 +396,8 @@ final class World {
         daemon = try Daemon(bus: bus, stateDirectory: daemon.stateDirectory, policyDirectory: daemon.policyDirectory)
     }
 
-    func peer(_ app: String, sandbox: Sandbox = .none, program: Program = .testPeer) throws -> Peer {
-        try Peer(app: app, in: directory, bus: bus, sandbox: sandbox, program: program)
+    func peer(_ app: String, sandbox: Sandbox = .none, program: Program = .testPeer, user: TestUser? = nil) throws -> Peer {
+        try Peer(app: app, in: directory, bus: bus, sandbox: sandbox, program: program, user: user)
     }
 
     deinit {
@@ -380,4 +413,34 @@ final class World {
 /// The line a peer prints for a failed call.
 func err(_ code: BrokerErrorCode, _ message: String) -> String {
     "ERR \(code.busName) \(message)"
+}
+
+/// A real user of this machine for tests that cross users, made on first use (as root only:
+/// `TestUser.require` skips the test otherwise, saying why).
+struct TestUser {
+    let name: String
+    let uid: uid_t
+    let gid: gid_t
+
+    static func require(_ name: String) throws -> TestUser {
+        guard geteuid() == 0 else { throw XCTSkip("Needs root, to add the user \(name) and run processes as it") }
+        if getpwnam(name) == nil {
+            let add = Process()
+            add.executableURL = URL(fileURLWithPath: "/usr/sbin/useradd")
+            add.arguments = ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name]
+            try add.run()
+            add.waitUntilExit()
+        }
+        guard let entry = getpwnam(name) else { throw HarnessError("useradd did not add \(name)") }
+        return TestUser(name: name, uid: entry.pointee.pw_uid, gid: entry.pointee.pw_gid)
+    }
+
+    /// `command`, run as this user with its own groups only.
+    func command(_ command: [String]) -> [String] {
+        ["/usr/bin/setpriv", "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "--"] + command
+    }
+
+    func own(_ url: URL) throws {
+        guard chown(url.path, uid, gid) == 0 else { throw HarnessError("chown \(url.path) failed: errno \(errno)") }
+    }
 }

@@ -376,6 +376,8 @@ final class SessionRulesTests: XCTestCase {
     func testASourceLeavingWithManySessionsLeavesTheRegistryAtOnceAndEndsThemInSlices() throws {
         var policy = Policy()
         policy.limits.sessionsPerConnection = 1000
+        policy.limits.sessionsPerApp = 1000
+        policy.limits.sessionsPerUser = 1000
         let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), firstSessionNumber: 1)
         var pending: [() -> Void] = []
         registry.later = { pending.append($0) }

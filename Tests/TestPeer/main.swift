@@ -26,8 +26,10 @@ struct RepresentationSpec: Decodable {
     var cancel: String?
     /// Makes the load handler never return.
     var stall: Bool?
-    /// "file": hand over a file: `file` says which kind (memfd, readonly, writable,
-    /// unsealed, directory, socket).
+    /// "file": hand over a file: `file` says which kind (memfd, readonly, writable, writeonly,
+    /// unsealed, directory, socket, shm: a read-only file in /dev/shm, advanced: a read-only
+    /// file whose offset is past its first byte, path:P: the existing file P opened read-only,
+    /// opath:P: P opened O_PATH).
     var kind: String?
     var file: String?
     /// Stream the bytes in chunks of this size, pausing `pauseMs` between chunks, and
@@ -113,6 +115,22 @@ final class Peer: Sendable {
             case "load":
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
                 return "OK \(data.count) \(data.base64EncodedString())"
+            case "spawnloads":
+                // Starts `count` data loads at once and answers at once; each prints
+                // `LOADED <answer>` when it ends, so a test can hold many loads in flight.
+                let drop = try lastDrop()
+                let (count, item, type) = (Int(args[0])!, Int(args[1])!, args[2])
+                for _ in 0..<count {
+                    Task {
+                        do {
+                            let data = try await drop.loadData(item: item, typeIdentifier: type)
+                            emit("LOADED OK \(data.count)")
+                        } catch {
+                            emit("LOADED \(describe(error))")
+                        }
+                    }
+                }
+                return "OK \(count)"
             case "loadfile":
                 // The descriptor itself: its size, contents, and whether it is writable.
                 let fd = try await lastDrop().loadFile(item: Int(args[0])!, typeIdentifier: args[1])
@@ -462,9 +480,28 @@ func makeFile(_ kind: String, _ bytes: Data) throws -> FileDescriptor {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("testpeer-\(getpid())")
     try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     let path = directory.appendingPathComponent("file-\(UUID().uuidString)").path
+    if kind.hasPrefix("path:") {
+        return try FileDescriptor.open(String(kind.dropFirst("path:".count)), .readOnly)
+    }
+    if kind.hasPrefix("opath:") {
+        return try FileDescriptor.openLocation(String(kind.dropFirst("opath:".count)))
+    }
     switch kind {
     case "memfd":
         return try SealedMemoryFile.make(name: "testpeer", data: bytes)
+    case "shm":
+        let shared = "/dev/shm/testpeer-\(getpid())-\(UUID().uuidString)"
+        try bytes.write(to: URL(fileURLWithPath: shared))
+        defer { unlink(shared) }
+        return try FileDescriptor.open(shared, .readOnly)
+    case "advanced":
+        try bytes.write(to: URL(fileURLWithPath: path))
+        let fd = try FileDescriptor.open(path, .readOnly)
+        _ = try fd.seek(offset: 1, from: .start)
+        return fd
+    case "writeonly":
+        try bytes.write(to: URL(fileURLWithPath: path))
+        return try FileDescriptor.open(path, .writeOnly)
     case "readonly", "writable":
         try bytes.write(to: URL(fileURLWithPath: path))
         return try FileDescriptor.open(path, kind == "readonly" ? .readOnly : .readWrite)

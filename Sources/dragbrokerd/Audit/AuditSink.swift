@@ -6,6 +6,7 @@ import BrokerProtocol
 import BusKit
 import Foundation
 import Logging
+import SystemCalls
 import TransferLog
 
 /// The one place an outcome or a refusal becomes a record, a journal entry, a monitor event
@@ -22,10 +23,11 @@ final class AuditSink {
     private var ledgerSlots: [ObjectIdentifier: InFlightLedger.Slot] = [:]
     private let loop: EventLoop
     private let logger: Logger
-    /// Refusals recorded per connection before the rest are only counted: a client cannot
-    /// grow the log without bound by asking for what it may not have.
-    static let refusalsRecordedPerConnection = 1000
-    private var refusalCounts: [String: Int] = [:]
+    /// Refusals written one by one, per app and user, within each interval.
+    private var refusalRate = RefusalRateLimit()
+    /// The rule in force: the daemon sets it from the policy, at start and on every reload.
+    var refusalRule = Limits().refusalRate
+    private var summaryTimer: LoopTimer?
 
     init(transferLog: TransferLog, ledger: InFlightLedger, monitors: Monitors, loop: EventLoop, logger: Logger) {
         self.transferLog = transferLog
@@ -183,14 +185,15 @@ final class AuditSink {
 
     // MARK: Refusals
 
-    /// Records a refusal beside the transfers: who asked, for what, and why.
+    /// Records a refusal beside the transfers: who asked, for what, and why. Past its app's or
+    /// its user's burst (`RefusalRateLimit`) it is counted instead, and summed up in one row.
     func refused(_ error: BrokerError, sender: String, identity: AppIdentity?, action: String, session: Session?, subject: String?) {
-        let count = refusalCounts[sender, default: 0] + 1
-        refusalCounts[sender] = count
-        if count > Self.refusalsRecordedPerConnection {
-            if count == Self.refusalsRecordedPerConnection + 1 {
-                logger.warning("Connection \(sender) was refused \(Self.refusalsRecordedPerConnection) times; further refusals are not recorded one by one")
-            }
+        let now = Kernel.monotonicMicroseconds()
+        let (write, ended) = refusalRate.admit(identity?.buckets ?? [.unidentified], uid: identity?.uid ?? 0, pid: identity?.pid ?? 0,
+                                               rule: refusalRule, now: now)
+        summarize(ended)
+        guard write else {
+            armSummaryTimer()
             return
         }
         let record = RefusalRecord(
@@ -202,11 +205,44 @@ final class AuditSink {
         logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
     }
 
-    /// A connection left: its refusal count goes, and is told if some were only counted.
+    /// The action a summary row of suppressed refusals names.
+    static let suppressedAction = "RateLimited"
+
+    private func summarize(_ ended: [RefusalRateLimit.Suppressed]) {
+        let rule = refusalRule
+        for suppressed in ended {
+            let message = "Suppressed \(suppressed.count) refusal\(suppressed.count == 1 ? "" : "s") of \(suppressed.bucket) past the first "
+                + "\(rule.burst) in \(rule.interval / 1_000_000) s (RefusalRateLimitBurst=\(rule.burst) per RefusalRateLimitIntervalSec=\(rule.interval / 1_000_000))"
+            let record = RefusalRecord(
+                at: Date(), app: "\(suppressed.bucket)", uid: Int64(suppressed.uid), pid: Int64(suppressed.pid),
+                action: Self.suppressedAction, sessionID: nil, subject: nil, errorName: BrokerErrorCode.limitExceeded.busName,
+                message: message, rule: nil)
+            transferLog.submit(.refusal(record))
+            AuditJournal.record(record)
+            logger.notice("\(message)")
+        }
+    }
+
+    /// One timer for every bucket, at the earliest end of a window that suppressed refusals,
+    /// so a flood that stops is summed up when its interval ends, not at the next refusal.
+    private func armSummaryTimer() {
+        guard summaryTimer == nil, let due = refusalRate.nextSummary(rule: refusalRule) else { return }
+        let now = Kernel.monotonicMicroseconds()
+        summaryTimer = try? LoopTimer(loop: loop, afterMicroseconds: due > now ? due - now : 0) { [unowned self] in
+            summaryTimer = nil
+            summarize(refusalRate.expire(now: Kernel.monotonicMicroseconds(), rule: refusalRule))
+            armSummaryTimer()
+        }
+    }
+
+    /// Sums up every window still counting, e.g. before the daemon exits.
+    func summarizeSuppressedRefusals() {
+        summaryTimer = nil
+        summarize(refusalRate.expire(now: UInt64.max, rule: refusalRule))
+    }
+
+    /// A connection left: it no longer hears monitor events.
     func peerLeft(_ uniqueName: String) {
         monitors.remove(uniqueName)
-        if let count = refusalCounts.removeValue(forKey: uniqueName), count > Self.refusalsRecordedPerConnection {
-            logger.notice("Connection \(uniqueName) left after \(count) refusals, \(count - Self.refusalsRecordedPerConnection) of them not recorded")
-        }
     }
 }

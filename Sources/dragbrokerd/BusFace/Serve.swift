@@ -59,9 +59,10 @@ func argument<T>(_ what: String, _ read: () throws(BusError) -> T) throws(Broker
 }
 
 /// Sends a reply built from broker values; a failure to build or send it is the daemon's own.
-func reply(_ call: MethodCall, _ build: (Message) throws(BusError) -> Void = { _ in }) throws(InternalError) {
+@discardableResult
+func reply(_ call: MethodCall, _ build: (Message) throws(BusError) -> Void = { _ in }) throws(InternalError) -> Message {
     do {
-        try call.reply(build)
+        return try call.reply(build)
     } catch {
         throw InternalError("Failed to send the reply: \(error.message)")
     }

@@ -327,9 +327,15 @@ final class SessionInterface {
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
         let rules = daemon.loadRules
         let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: rules)
+        try registry.admitLoad(in: session, to: caller)
         let load = Load(request, failClosed: rules.failClosed)
+        let descriptors = daemon.descriptors
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
-                                limits: { [unowned daemon] in daemon.registry.limits })
+                                limits: { [unowned daemon] in daemon.registry.limits }, descriptors: descriptors)
+        let owners = source.owners
+        if request.kind == .file {
+            try descriptors.workers.admit(owners: owners, "the handover of a file from it")
+        }
         let dispatcher = daemon.dispatcher
         // Tracked before it starts: tracking puts it on record (`AuditSink`), which it waits for.
         session.track(load)
@@ -338,10 +344,18 @@ final class SessionInterface {
                 switch answer {
                 case .success(let (fd, kind)):
                     do {
-                        try reply(call) { r throws(BusError) in
+                        let sent = try reply(call) { r throws(BusError) in
                             try r.append(fileDescriptor: fd.rawValue)
                             try r.append(load.id)
                             try r.append(kind.rawValue)
+                        }
+                        // The reply holds its own copy of the source's file, which sd-bus would
+                        // close on the loop: it is retired off the loop once written out.
+                        if kind == .file {
+                            try? sent.rewind()
+                            if let number = try? sent.readBorrowedFileDescriptor() {
+                                descriptors.retire(sent: sent, number: number, owners: owners)
+                            }
                         }
                     } catch {
                         dispatcher.fail(call, error, action: "Load", session: session, subject: type)

@@ -77,10 +77,34 @@ struct AppIdentity: Equatable, Sendable {
         managed = policy.isManaged(appID: appID, team: team)
     }
 
+    /// The buckets this identity's use of the daemon counts against: its app's; and for an
+    /// unsandboxed app, which can take any ID it likes (copy its binary, name its own scope),
+    /// also the one every unsandboxed app of its user shares. A sandbox vouches for its ID,
+    /// so a sandboxed app has its app's bucket alone.
+    var buckets: [Bucket] {
+        isSandboxed ? [.app(appID)] : [.app(appID), .unsandboxedUser(uid)]
+    }
+
     /// Same app: same app ID. Same team: same app, or both in one named team.
     func isSameApp(as other: AppIdentity) -> Bool { appID == other.appID }
     func isSameTeam(as other: AppIdentity) -> Bool {
         isSameApp(as: other) || (team != nil && team == other.team)
+    }
+}
+
+/// Whose share of the daemon a use counts against (see `AppIdentity.buckets`).
+enum Bucket: Hashable, Sendable, CustomStringConvertible {
+    case app(String)
+    case unsandboxedUser(uid_t)
+    /// Callers whose identity could not be read (their process was gone): one bucket for all.
+    case unidentified
+
+    var description: String {
+        switch self {
+        case .app(let id): id
+        case .unsandboxedUser(let uid): "the unsandboxed apps of uid \(uid)"
+        case .unidentified: "callers that could not be identified"
+        }
     }
 }
 

@@ -16,6 +16,8 @@ final class Registry {
     /// How many live sessions each connection began.
     private var sourceCounts: [String: Int] = [:]
     private var nextSessionNumber: Int
+    /// What each app and user holds, against the bounds that keep any one from starving the rest.
+    private(set) var quota = Quota()
     let identities: IdentityResolver
     let types: MimeDatabase
     /// Told of every session event, after the registry has done its own part.
@@ -56,6 +58,7 @@ final class Registry {
         guard own < limits.sessionsPerConnection else {
             throw BrokerError.limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
         }
+        try quota.admitSession(of: source, limits)
         var token = try SessionToken.random()
         while byToken[token.selector] != nil { token = try SessionToken.random() }
         let id = "\(Self.sessionIDPrefix)\(nextSessionNumber)"
@@ -66,6 +69,7 @@ final class Registry {
         byToken[token.selector] = session
         byParty[source.uniqueName, default: []].insert(id)
         sourceCounts[source.uniqueName, default: 0] += 1
+        quota.sessionBegan(by: source)
         deliver(session, .began)
         return session
     }
@@ -132,10 +136,24 @@ final class Registry {
         }
     }
 
+    /// Whether a load from the session's source to `destination` may start: no app, no user's
+    /// unsandboxed apps, and not everyone together past their bounds (`Quota`).
+    func admitLoad(in session: Session, to destination: AppIdentity) throws(BrokerError) {
+        try quota.admitLoad(from: session.source, to: destination, limits, descriptors: descriptorLimit)
+    }
+
+    /// The descriptor limit the daemon runs with (its soft RLIMIT_NOFILE, once raised), which
+    /// bounds the loads of everyone together.
+    var descriptorLimit: Int?
+
     private func deliver(_ session: Session, _ event: SessionEvent) {
         switch event {
         case .ended: forget(session)
-        case .began, .dropped, .loadFinished: watchDeadline(of: session)
+        case .began, .dropped: watchDeadline(of: session)
+        case .loadStarted(let load): quota.loadStarted(from: session.source, to: load.destination)
+        case .loadFinished(let load, _):
+            quota.loadEnded(from: session.source, to: load.destination)
+            watchDeadline(of: session)
         default: break
         }
         onEvent(session, event)
@@ -193,6 +211,7 @@ final class Registry {
             byParty[party]?.remove(session.id)
             if byParty[party]?.isEmpty == true { byParty.removeValue(forKey: party) }
         }
+        quota.sessionEnded(by: session.source)
         sourceCounts[session.source.uniqueName, default: 1] -= 1
         if sourceCounts[session.source.uniqueName] == 0 { sourceCounts.removeValue(forKey: session.source.uniqueName) }
     }

@@ -13,6 +13,14 @@ struct LoadSource {
     let providerPath: String
     /// Read when a deadline is armed or fires, so a reloaded policy applies to loads in flight.
     let limits: () -> Limits
+    /// Where the source's descriptors are taken, examined and closed, off the loop.
+    let descriptors: ClientDescriptors
+    /// Whose threads the source's descriptors use: its buckets (`AppIdentity.buckets`).
+    var owners: [String] { app.buckets.map(\.description) }
+
+    /// A handed-over file may be reopened (its own offset) only with the source's own
+    /// credentials: the daemon's, when they are the same user's.
+    var mayReopen: Bool { app.uid == Kernel.effectiveUserID }
 }
 
 /// One load from request to outcome. A data load streams the source's pipe into the
@@ -235,26 +243,8 @@ final class Load {
             providerCall = try source.bus.callAsync(call, timeout: UInt64.max) { [unowned self] result in
                 providerCall = nil
                 switch result {
-                case .success(let message):
-                    let handed: FileDescriptor
-                    do {
-                        handed = FileDescriptor(rawValue: try message.readFileDescriptor())
-                    } catch {
-                        return finish(BrokerError(.providerFailed, "The source's answer carried no file: \(error)"))
-                    }
-                    defer { handed.closeQuietly() }
-                    do throws(BrokerError) {
-                        let (file, size) = try Self.checkedFile(handed)
-                        defer { file.closeQuietly() }
-                        bytes = size
-                        self.answer = nil
-                        answer(.success((file, .file)))
-                        finish(nil)
-                    } catch {
-                        finish(error)
-                    }
-                case .failure(let error):
-                    providerFailed(error, source)
+                case .success(let message): fileHandedOver(message, source)
+                case .failure(let error): providerFailed(error, source)
                 }
             }
         } catch {
@@ -264,36 +254,38 @@ final class Load {
         self.answer = answer
     }
 
-    /// A file handed over must be a read-only regular file or a memfd sealed against writing,
-    /// growing and shrinking, so what the destination reads is what the source offered.
-    /// Returns a fresh read-only descriptor (its own file offset) and the size.
-    static func checkedFile(_ fd: FileDescriptor) throws(BrokerError) -> (FileDescriptor, UInt64) {
-        let status: FileStatus
+    /// The source's answer carries the file: it is taken out and judged on a worker
+    /// (`HandedFile`), and the destination answered back on the loop, if it still waits.
+    private func fileHandedOver(_ message: Message, _ source: LoadSource) {
+        let number: Int32
         do {
-            status = try fd.status()
+            number = try message.readBorrowedFileDescriptor()
         } catch {
-            throw BrokerError(.providerFailed, "The source handed over a descriptor that cannot be examined: \(error)")
+            return finish(BrokerError(.providerFailed, "The source's answer carried no file: \(error)"))
         }
-        switch status.kind {
-        case .regular: break
-        case .directory: throw BrokerError(.providerFailed, "The source handed over a directory, not a file")
-        case .socket: throw BrokerError(.providerFailed, "The source handed over a socket, not a file")
-        case .fifo: throw BrokerError(.providerFailed, "The source handed over a pipe, not a file: use a data representation to stream")
-        case .other: throw BrokerError(.providerFailed, "The source handed over something that is not a regular file")
-        }
-        if let seals = try? fd.seals() {
-            guard seals.isSuperset(of: .immutable) else {
-                throw BrokerError(.providerFailed, "The source handed over a memfd without write, grow and shrink seals")
-            }
-        } else {
-            guard (try? fd.isReadOnly()) == true else {
-                throw BrokerError(.providerFailed, "The source handed over a file open for writing: open it read-only, or pass a sealed memfd")
-            }
-        }
+        let reopen = source.mayReopen
+        let descriptors = source.descriptors
+        let owners = source.owners
         do {
-            return (try fd.reopenReadOnly(), status.size)
+            try descriptors.take(number, from: message, owners: owners, for: "the handover of a file from it",
+                                 examine: { HandedFile.examine($0, reopen: reopen) }) { [weak self] result in
+                guard let self, phase != .finished, let answer else {
+                    if case .success(let (file, _)) = result { descriptors.close(file, owners: owners) }
+                    return
+                }
+                switch result {
+                case .success(let (file, size)):
+                    bytes = size
+                    self.answer = nil
+                    answer(.success((file, .file)))
+                    descriptors.close(file, owners: owners)
+                    finish(nil)
+                case .failure(let error):
+                    finish(error)
+                }
+            }
         } catch {
-            throw BrokerError(.providerFailed, "Failed to reopen the handed-over file read-only: \(error)")
+            finish(error)
         }
     }
 
