@@ -1,4 +1,5 @@
-// What the subcommands share: the --json/--no-legend/--no-pager and --address options, tables, the pager, times, sizes, errors.
+// What the subcommands share: the --json/--no-legend/--no-pager and --address options, tables, the pager, times, sizes, errors,
+// and the escaping of what clients chose.
 import ArgumentParser
 import Foundation
 
@@ -33,7 +34,11 @@ struct OutputOptions: ParsableArguments {
         page(table(header, rows, legend: legend))
     }
 
+    /// Every cell is escaped here, before widths are measured, so no column can forget to and
+    /// the padding counts what the terminal will show.
     func table(_ header: [String], _ rows: [[String]], legend: String) -> String {
+        let header = header.map(\.escapedForTerminal)
+        let rows = rows.map { $0.map(\.escapedForTerminal) }
         var lines: [String] = []
         let widths = header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max() ?? 0 }
         func row(_ cells: [String]) -> String {
@@ -129,4 +134,41 @@ func parseTime(_ text: String) -> Date? {
         if let date = formatter.date(from: text) { return date }
     }
     return nil
+}
+
+extension String {
+    /// What a client chose, made safe to print: as systemd's `cescape()` does, control characters
+    /// become `\a \b \f \n \r \t \v` or `\xNN`, so a path or name cannot retitle the window, move
+    /// the cursor or clear the operator's screen, and `\\` keeps a backslash in the text apart from
+    /// an escape. C1 controls go byte by byte too, since U+009B is a CSI to many terminals; other
+    /// UTF-8 stays, so names in any script read as they are. Never for JSON: its encoder escapes
+    /// by JSON's rules and must keep the exact string.
+    var escapedForTerminal: String {
+        guard unicodeScalars.contains(where: { $0 == "\\" || $0.isTerminalControl }) else { return self }
+        var escaped = ""
+        for scalar in unicodeScalars {
+            switch scalar {
+            case "\u{07}": escaped += "\\a"
+            case "\u{08}": escaped += "\\b"
+            case "\u{0C}": escaped += "\\f"
+            case "\n": escaped += "\\n"
+            case "\r": escaped += "\\r"
+            case "\t": escaped += "\\t"
+            case "\u{0B}": escaped += "\\v"
+            case "\\": escaped += "\\\\"
+            case _ where scalar.isTerminalControl:
+                for byte in String(scalar).utf8 {
+                    escaped += "\\x" + (byte < 0x10 ? "0" : "") + String(byte, radix: 16)
+                }
+            default:
+                escaped.unicodeScalars.append(scalar)
+            }
+        }
+        return escaped
+    }
+}
+
+extension Unicode.Scalar {
+    /// C0, DEL and C1: what a terminal may act on instead of showing.
+    fileprivate var isTerminalControl: Bool { value < 0x20 || (0x7F...0x9F).contains(value) }
 }

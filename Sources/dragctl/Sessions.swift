@@ -47,24 +47,29 @@ struct ShowSession: AsyncParsableCommand {
             throw fail("Failed to show session \(id): \(error)")
         }
         if output.mode != .off { return try output.printJSON(details) }
-        print("Session \(details.id)")
-        print("      State: \(details.state)\(details.operation == "cancel" ? "" : " (\(details.operation))")")
-        print("     Source: \(details.sourceApp)\(details.sourceTeam.isEmpty ? "" : " (team \(details.sourceTeam))")")
-        print("Destination: \(details.destinationApp.isEmpty ? "-" : details.destinationApp)")
+        // Each string is escaped as it goes in: the app, its team, item names and types were a client's to choose.
+        print("Session \(details.id.escapedForTerminal)")
+        let operation = details.operation == "cancel" ? "" : " (\(details.operation.escapedForTerminal))"
+        print("      State: \(details.state.escapedForTerminal)\(operation)")
+        let team = details.sourceTeam.isEmpty ? "" : " (team \(details.sourceTeam.escapedForTerminal))"
+        print("     Source: \(details.sourceApp.escapedForTerminal)\(team)")
+        print("Destination: \(details.destinationApp.isEmpty ? "-" : details.destinationApp.escapedForTerminal)")
         print(" Restricted: \(details.restricted ? "yes" : "no")")
         print("      Items:")
         for (index, item) in details.items.enumerated() {
             let size = item.preferredWidth > 0 ? " \(Int(item.preferredWidth))x\(Int(item.preferredHeight))" : ""
-            print("             \(index): \(item.suggestedName.isEmpty ? "(unnamed)" : item.suggestedName)\(size)")
+            print("             \(index): \(item.suggestedName.isEmpty ? "(unnamed)" : item.suggestedName.escapedForTerminal)\(size)")
             for representation in item.representations {
-                print("                \(representation.typeIdentifier) (\(representation.kind.rawValue), visible to \(representation.visibility.rawValue))")
+                print("                \(representation.typeIdentifier.escapedForTerminal) "
+                      + "(\(representation.kind.rawValue), visible to \(representation.visibility.rawValue))")
             }
         }
         if details.loads.isEmpty { return }
         print("      Loads:")
         for load in details.loads {
             let total = load.expected > 0 ? " of \(bytes(load.expected)) (\(load.bytes * 100 / load.expected)%)" : ""
-            print("             \(load.id): \(load.typeIdentifier) to \(load.destinationApp), \(bytes(load.bytes))\(total)")
+            print("             \(load.id): \(load.typeIdentifier.escapedForTerminal) to \(load.destinationApp.escapedForTerminal), "
+                  + "\(bytes(load.bytes))\(total)")
         }
     }
 }
@@ -98,8 +103,10 @@ struct Monitor: AsyncParsableCommand {
             let formatter = DateFormatter()
             formatter.dateFormat = "HH:mm:ss"
             let time = formatter.string(from: Date())
+            // The event's strings are escaped, never the line: its `\r\e[K` is dragctl's own redrawing.
+            let session = event.session.escapedForTerminal, detail = event.detail.escapedForTerminal
             if event.event == "progress" {
-                let line = "\(time) \(event.session) progress \(event.detail) \(Self.bar(event.bytes, event.expected))"
+                let line = "\(time) \(session) progress \(detail) \(Self.bar(event.bytes, event.expected))"
                 // On a terminal the bar redraws in place; in a pipe each report is a line.
                 if terminal { print("\r\u{1B}[K" + line, terminator: "") } else { print(line) }
                 progressShown = terminal
@@ -109,7 +116,7 @@ struct Monitor: AsyncParsableCommand {
             if progressShown { print() }
             progressShown = false
             let amount = event.event == "loaded" ? " \(bytes(event.bytes))" : ""
-            print("\(time) \(event.session) \(event.event) \(event.detail)\(amount)")
+            print("\(time) \(session) \(event.event.escapedForTerminal) \(detail)\(amount)")
             fflush(nil)
         }
         withExtendedLifetime(connection) {}

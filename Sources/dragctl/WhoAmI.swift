@@ -23,6 +23,7 @@ struct WhoAmI: AsyncParsableCommand {
             ("Source", identity.source), ("Sandboxed", identity.sandboxed ? "yes" : "no"),
             ("Executable", identity.executable), ("PID", String(identity.pid)), ("UID", String(identity.uid)),
         ]
-        for (key, value) in rows { print("\(key.padding(toLength: 11, withPad: " ", startingAt: 0))\(value)") }
+        // The executable's path is whatever the caller's file is named, and sandboxes name their own app IDs.
+        for (key, value) in rows { print("\(key.padding(toLength: 11, withPad: " ", startingAt: 0))\(value.escapedForTerminal)") }
     }
 }

@@ -5,12 +5,24 @@ import XCTest
 
 /// dragctl against a live daemon: its tables, its JSON, its exit codes.
 final class DragctlTests: XCTestCase {
-    func dragctl(_ world: World, _ arguments: [String]) throws -> (status: Int32, out: [String], err: [String]) {
-        let child = try Child(executable: productsDirectory.appendingPathComponent("dragctl"), arguments: arguments,
+    func dragctl(_ world: World, _ arguments: [String], executable: URL = productsDirectory.appendingPathComponent("dragctl"))
+        throws -> (status: Int32, out: [String], err: [String], pid: pid_t) {
+        let child = try Child(executable: executable, arguments: arguments,
                               environment: ["DRAGBROKER_BUS_ADDRESS": world.bus.address, "TZ": "UTC"])
         child.process.waitUntilExit()
         usleep(20_000)  // let the readers take the last lines
-        return (child.process.terminationStatus, child.stdout.all { _ in true }, child.stderr.all { _ in true })
+        return (child.process.terminationStatus, child.stdout.all { _ in true }, child.stderr.all { _ in true },
+                child.process.processIdentifier)
+    }
+
+    func pad(_ cell: String, _ width: Int) -> String { cell + String(repeating: " ", count: width - cell.count) }
+
+    /// A time as dragctl shows it, "2026-11-21 09:12:03 (just now)", read back from where it starts in a
+    /// row: how long ago is the one part that depends on when the test runs.
+    func timeCell(_ row: String, at offset: Int) throws -> String {
+        let time = try XCTUnwrap(row.dropFirst(offset).prefixMatch(
+            of: /[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} \((just now|[0-9]+s ago)\)/), row)
+        return String(time.output.0)
     }
 
     /// `dragctl monitor --json=short | jq`: each event is a line the moment it happens, not
@@ -172,7 +184,6 @@ final class DragctlTests: XCTestCase {
             XCTAssertTrue(ago == "just now" || ago.wholeMatch(of: /[0-9]+s ago/) != nil, String(ago))
             return "\(time) (\(ago))"
         }
-        func pad(_ cell: String, _ width: Int) -> String { cell + String(repeating: " ", count: width - cell.count) }
         let timeWidth = times.map(\.count).max()! + 1
         XCTAssertEqual(table.out, [
             pad("TIME", timeWidth) + pad("APP", app.count + 1) + "ACTION SESSION TYPE       " + pad("ERROR", wrongState.count + 1) + "MESSAGE",
@@ -232,6 +243,186 @@ final class DragctlTests: XCTestCase {
         XCTAssertEqual(noLog.status, 1)
         XCTAssertEqual(noLog.err, ["dragctl: Failed to read the transfer log: no transfer log at "
                                    + world.directory.appendingPathComponent("nowhere/transfers.sqlite").path + " (has dragbrokerd run yet?)"])
+    }
+
+    // MARK: What clients chose, escaped
+
+    /// A file name that, printed raw, retitles the terminal, clears the screen, starts a C1 CSI
+    /// and breaks the row; and the same as dragctl must show it.
+    static let hostileName = "evil\u{1B}]0;pwned\u{07}\u{1B}[2J\u{9B}31m\ttab\\back\nline"
+    static let hostileNameShown = #"evil\x1b]0;pwned\a\x1b[2J\xc2\x9b31m\ttab\\back\nline"#
+
+    /// Nothing a terminal acts on: no C0 byte (newline only ends the lines these were split at), DEL or C1.
+    func assertNoControlCharacters(_ lines: [String], file: StaticString = #filePath, line: UInt = #line) {
+        for text in lines {
+            let raw = text.unicodeScalars.filter { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) }
+            XCTAssertEqual(raw.map { String($0.value, radix: 16) }, [], text.debugDescription, file: file, line: line)
+        }
+    }
+
+    /// An app whose executable's name holds escape sequences, as the source and the destination of
+    /// a live session: list-sessions, show-session, monitor and whoami show its path escaped, the
+    /// suggested name was stripped by the daemon, and JSON keeps the exact strings.
+    func testLiveViewsEscapeAnExecutablePathTheClientChose() throws {
+        let world = try World()
+        let monitor = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                                arguments: ["monitor", "--address", world.bus.address], environment: ["TZ": "UTC"])
+        XCTAssertNotNil(monitor.stderr.take { $0 == "Monitoring drag sessions; press Ctrl-C to stop." })
+        let app = try world.peer(Self.hostileName)
+        let path = app.executable.path
+        let shown = world.directory.appendingPathComponent("apps").path + "/" + Self.hostileNameShown
+        let (token, _) = try app.begin(#"{"items":[{"name":"caption\u001b[2J\u009b1m\u0007.txt","reps":[{"type":"text/plain","text":"hi"}]}]}"#)
+        _ = app.run("present \(token)")
+        XCTAssertEqual(app.run("enter copy"), "OK copy")
+
+        let list = try dragctl(world, ["list-sessions"])
+        XCTAssertEqual(list.status, 0)
+        assertNoControlCharacters(list.out)
+        let rowStart = "s1      active 1     " + shown + " "
+        let since = try timeCell(try XCTUnwrap(list.out.dropFirst().first), at: rowStart.count)
+        XCTAssertEqual(list.out, ["SESSION STATE  ITEMS " + pad("SOURCE", shown.count + 1) + "SINCE", rowStart + since, "", "1 session listed."])
+        let listed = try JSONDecoder().decode([SessionSummary].self, from: Data(try dragctl(world, ["list-sessions", "--json=short"]).out.joined().utf8))
+        XCTAssertEqual(listed.map(\.sourceApp), [path])
+
+        let show = try dragctl(world, ["show-session", "s1"])
+        XCTAssertEqual(show.status, 0)
+        assertNoControlCharacters(show.out)
+        XCTAssertEqual(show.out, [
+            "Session s1",
+            "      State: active",
+            "     Source: \(shown)",
+            "Destination: \(shown)",
+            " Restricted: no",
+            "      Items:",
+            "             0: caption[2J1m.txt",
+            "                text/plain (data, visible to all)",
+        ])
+        let details = try JSONDecoder().decode(SessionDetails.self, from: Data(try dragctl(world, ["show-session", "s1", "--json=short"]).out.joined().utf8))
+        XCTAssertEqual([details.sourceApp, details.destinationApp], [path, path])
+        XCTAssertEqual(details.items.map(\.suggestedName), ["caption[2J1m.txt"], "the daemon strips control characters from suggested names")
+
+        // In a pipe every event is a line, its time first.
+        let events = try [" s1 begin ", " s1 enter "].map { event in
+            let line = try XCTUnwrap(monitor.stdout.take { $0.dropFirst(8).hasPrefix(event) }, monitor.stdout.text)
+            XCTAssertNotNil(line.prefixMatch(of: #/[0-9]{2}:[0-9]{2}:[0-9]{2} /#), line)
+            return String(line.dropFirst(9))
+        }
+        XCTAssertEqual(events, ["s1 begin \(shown), 1 item", "s1 enter \(shown) proposes copy, allowed copy"])
+        assertNoControlCharacters(monitor.stdout.all { _ in true })
+        monitor.terminate()
+
+        // whoami describes its caller: dragctl itself, run from a file so named.
+        let hostileDragctl = world.directory.appendingPathComponent("apps/dragctl-" + Self.hostileName)
+        try FileManager.default.copyItem(at: productsDirectory.appendingPathComponent("dragctl"), to: hostileDragctl)
+        let ownShown = world.directory.appendingPathComponent("apps").path + "/dragctl-" + Self.hostileNameShown
+        let whoami = try dragctl(world, ["whoami"], executable: hostileDragctl)
+        XCTAssertEqual(whoami.status, 0)
+        assertNoControlCharacters(whoami.out)
+        XCTAssertEqual(whoami.out, ["App ID     \(ownShown)", "Team       -", "Managed    no", "Source     executable", "Sandboxed  no",
+                                    "Executable \(ownShown)", "PID        \(whoami.pid)", "UID        \(getuid())"])
+    }
+
+    /// A sandbox names its own app ID, and with it its team: show-session escapes both.
+    func testShowSessionEscapesASandboxChosenAppIDAndTeam() throws {
+        let world = try World()
+        let app = try world.peer("sandboxed-app", sandbox: .flatpak(appID: "org.evil\u{1B}[2J.Editor\u{07}"))
+        _ = try app.begin(EndToEndTests.helloDrag)
+        let show = try dragctl(world, ["show-session", "s1"])
+        assertNoControlCharacters(show.out)
+        XCTAssertEqual(Array(show.out.prefix(4)), [
+            "Session s1",
+            "      State: active",
+            #"     Source: org.evil\x1b[2J.Editor\a (team org.evil\x1b[2J)"#,
+            "Destination: -",
+        ])
+        let details = try JSONDecoder().decode(SessionDetails.self, from: Data(try dragctl(world, ["show-session", "s1", "-j"]).out.joined().utf8))
+        XCTAssertEqual([details.sourceApp, details.sourceTeam], ["org.evil\u{1B}[2J.Editor\u{07}", "org.evil\u{1B}[2J"])
+    }
+
+    /// The transfer log keeps what the app chose: its path in every session, load and total, and
+    /// in its refusals the app, the type it asked for and the message quoting it. log, stats and
+    /// refusals show each escaped; their JSON holds the exact strings.
+    func testLogStatsAndRefusalsEscapeWhatTheClientChose() throws {
+        let world = try World { _ in "[Flow]\nFrom=any\nTo=any\nTypes=text/html\nAction=deny\n" }
+        let app = try world.peer(Self.hostileName)
+        let path = app.executable.path
+        let shown = world.directory.appendingPathComponent("apps").path + "/" + Self.hostileNameShown
+        let badType = "text/x\u{1B}]0;pwned\u{07}", badTypeShown = #"text/x\x1b]0;pwned\a"#
+        let (token, _) = try app.begin(#"{"items":[{"reps":[{"type":"text/plain","text":"hi"},{"type":"text/html","text":"<b>hi</b>"}]}]}"#)
+        _ = app.run("present \(token)")
+        XCTAssertEqual(app.run(#"begin {"items":[{"reps":[{"type":"text/x\u001b[2J","text":"hi"}]}]}"#),
+                       err(.invalidArgument, "Item 0: 'text/x\\u{1B}[2J' is not a type identifier: it contains the control character U+001B"))
+        XCTAssertEqual(app.run("load 0 \(badType)"), err(.wrongState, "Loads are allowed only after PerformDrop"))
+        _ = app.run("enter copy")
+        _ = app.run("drop")
+        XCTAssertEqual(app.run("load 0 text/plain"), "OK 2 \(Data("hi".utf8).base64EncodedString())")
+        _ = app.run("conclude")
+        _ = try world.daemon.waitForLog { log -> Bool? in
+            try log.sessions().first?.outcome == "completed" && log.loads().first?.outcome == "completed" && log.refusals().count == 3 ? true : nil
+        }
+        let state = ["--state-directory", world.daemon.stateDirectory.path]
+
+        let log = try dragctl(world, ["log"] + state)
+        XCTAssertEqual(log.status, 0)
+        assertNoControlCharacters(log.out)
+        let sessionStarted = try timeCell(try XCTUnwrap(log.out.dropFirst().first), at: 8)
+        let loadStarted = try timeCell(try XCTUnwrap(log.out.dropFirst(6).first), at: 8)
+        XCTAssertEqual(log.out, [
+            "SESSION " + pad("STARTED", sessionStarted.count + 1) + pad("SOURCE", shown.count + 1) + pad("DESTINATION", shown.count + 1) + "OPERATION OUTCOME",
+            "s1      " + pad(sessionStarted, sessionStarted.count + 1) + pad(shown, shown.count + 1) + pad(shown, shown.count + 1) + "copy      completed",
+            "",
+            "1 session listed.",
+            "",
+            "SESSION " + pad("STARTED", loadStarted.count + 1) + "TYPE       BYTES " + pad("DESTINATION", shown.count + 1) + "OUTCOME",
+            "s1      " + pad(loadStarted, loadStarted.count + 1) + "text/plain 2     " + pad(shown, shown.count + 1) + "completed",
+            "",
+            "1 load listed.",
+        ])
+        struct Report: Decodable { var sessions: [SessionRecord]; var loads: [LoadRecord] }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        let report = try decoder.decode(Report.self, from: Data(try dragctl(world, ["log", "--json=short"] + state).out.joined().utf8))
+        XCTAssertEqual(report.sessions.map { [$0.sourceApp, $0.destinationApp] }, [[path, path]])
+        XCTAssertEqual(report.loads.map { [$0.sourceApp, $0.destinationApp] }, [[path, path]])
+
+        let stats = try dragctl(world, ["stats"] + state)
+        assertNoControlCharacters(stats.out)
+        XCTAssertEqual(stats.out, [
+            pad("SOURCE APP", shown.count + 1) + "LOADS BYTES", pad(shown, shown.count + 1) + "1     2B", "", "1 entry listed.", "",
+            pad("DESTINATION APP", shown.count + 1) + "LOADS BYTES", pad(shown, shown.count + 1) + "1     2B", "", "1 entry listed.", "",
+            "TYPE       LOADS BYTES", "text/plain 1     2B", "", "1 entry listed.", "",
+            "OUTCOME   LOADS BYTES", "completed 1     2B", "", "1 entry listed.", "",
+        ])
+
+        let refusals = try dragctl(world, ["refusals"] + state)
+        XCTAssertEqual(refusals.status, 0)
+        assertNoControlCharacters(refusals.out)
+        let times = try refusals.out.dropFirst().prefix(3).map { try timeCell($0, at: 0) }
+        let timeWidth = times.map(\.count).max()! + 1
+        let typeWidth = badTypeShown.count + 1, errorWidth = BrokerErrorCode.invalidArgument.busName.count + 1
+        let rule = "\(world.paths.policyFile.path):1"
+        func row(_ time: String, _ action: String, _ session: String, _ type: String, _ error: BrokerErrorCode, _ message: String) -> String {
+            pad(time, timeWidth) + pad(shown, shown.count + 1) + pad(action, 13) + pad(session, 8) + pad(type, typeWidth)
+                + pad(error.busName, errorWidth) + message
+        }
+        XCTAssertEqual(refusals.out, [
+            pad("TIME", timeWidth) + pad("APP", shown.count + 1) + "ACTION       SESSION " + pad("TYPE", typeWidth) + pad("ERROR", errorWidth) + "MESSAGE",
+            row(times[0], "Load", "s1", badTypeShown, .wrongState, "Loads are allowed only after PerformDrop"),
+            row(times[1], "BeginSession", "-", "-", .invalidArgument,
+                #"Item 0: 'text/x\\u{1B}[2J' is not a type identifier: it contains the control character U+001B"#),
+            row(times[2], "PresentToken", "s1", "text/html", .accessDenied,
+                "The administrator's policy hides text/html from \(shown) to \(shown) (rule at \(rule))"),
+            "",
+            "3 refusals listed.",
+        ])
+        let records = try decoder.decode([RefusalRecord].self, from: Data(try dragctl(world, ["refusals", "--json=short"] + state).out.joined().utf8))
+        XCTAssertEqual(records.map(\.app), [path, path, path])
+        XCTAssertEqual(records.map(\.subject), [badType, nil, "text/html"])
+        XCTAssertEqual(records.map(\.message), [
+            "Loads are allowed only after PerformDrop",
+            "Item 0: 'text/x\\u{1B}[2J' is not a type identifier: it contains the control character U+001B",
+            "The administrator's policy hides text/html from \(path) to \(path) (rule at \(rule))",
+        ])
     }
 }
 
