@@ -209,6 +209,11 @@ public actor BrokerConnection {
         try await callManager("GetPolicy", decode: { reply throws(BusError) in try reply.readString() })
     }
 
+    /// What the broker holds now, per app and user (administrators only).
+    public func usage() async throws(BrokerError) -> UsageReport {
+        try await callManager("GetUsage", decode: { reply throws(BusError) in try UsageReport.decode(from: reply) })
+    }
+
     /// Asks the broker to reload its policy files; a bad file is reported and changes nothing.
     public func reloadPolicy() async throws(BrokerError) {
         try await callManager("ReloadPolicy")

@@ -19,6 +19,7 @@ public enum BrokerInterfaces {
             .init("WhoAmI", out: [A("identity", "a{sv}")]),
             .init("GetPolicy", out: [A("policy", "s")]),
             .init("ReloadPolicy"),
+            .init("GetUsage", out: [A("totals", UsageReport.totalsSignature), A("buckets", "a" + UsageReport.bucketSignature)]),
         ],
         properties: [
             .init("Version", "s", .constant),

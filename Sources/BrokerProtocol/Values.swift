@@ -235,6 +235,80 @@ public struct SessionSummary: Sendable, Equatable, Codable {
     }
 }
 
+/// What the daemon holds now, and for whom (`GetUsage`, `dragctl stats`): what each bucket
+/// (an app, or the unsandboxed apps of one user together) uses of its share.
+public struct UsageReport: Sendable, Equatable, Codable {
+    public struct Bucket: Sendable, Equatable, Codable {
+        /// An app ID, or "the unsandboxed apps of uid N".
+        public var name: String
+        public var sessions: UInt32
+        public var loads: UInt32
+        /// Descriptor threads in calls its files' file system has not answered yet.
+        public var descriptorThreads: UInt32
+        /// Microseconds the oldest of those threads has waited.
+        public var oldestThreadWait: UInt64
+
+        public init(name: String, sessions: UInt32, loads: UInt32, descriptorThreads: UInt32, oldestThreadWait: UInt64) {
+            self.name = name
+            self.sessions = sessions
+            self.loads = loads
+            self.descriptorThreads = descriptorThreads
+            self.oldestThreadWait = oldestThreadWait
+        }
+    }
+
+    public var sessions: UInt32
+    public var loads: UInt32
+    /// Descriptor threads made so far, and those busy now.
+    public var threadsMade: UInt32
+    public var threadsBusy: UInt32
+    public var buckets: [Bucket]
+
+    public init(sessions: UInt32, loads: UInt32, threadsMade: UInt32, threadsBusy: UInt32, buckets: [Bucket]) {
+        self.sessions = sessions
+        self.loads = loads
+        self.threadsMade = threadsMade
+        self.threadsBusy = threadsBusy
+        self.buckets = buckets
+    }
+
+    public static let totalsSignature = "(uuuu)"
+    public static let bucketSignature = "(suuut)"
+
+    /// The two out arguments of `GetUsage`.
+    public func encode(to m: Message) throws(BusError) {
+        try m.openContainer("r", "uuuu")
+        for value in [sessions, loads, threadsMade, threadsBusy] { try m.append(value) }
+        try m.closeContainer()
+        try m.openContainer("a", Self.bucketSignature)
+        for bucket in buckets {
+            try m.openContainer("r", "suuut")
+            try m.append(bucket.name)
+            try m.append(bucket.sessions)
+            try m.append(bucket.loads)
+            try m.append(bucket.descriptorThreads)
+            try m.append(bucket.oldestThreadWait)
+            try m.closeContainer()
+        }
+        try m.closeContainer()
+    }
+
+    public static func decode(from m: Message) throws(BusError) -> UsageReport {
+        _ = try m.enterContainer("r", "uuuu")
+        var report = UsageReport(sessions: try m.readUInt32(), loads: try m.readUInt32(), threadsMade: try m.readUInt32(),
+                                 threadsBusy: try m.readUInt32(), buckets: [])
+        try m.exitContainer()
+        _ = try m.enterContainer("a", bucketSignature)
+        while try m.enterContainer("r", "suuut") {
+            report.buckets.append(Bucket(name: try m.readString(), sessions: try m.readUInt32(), loads: try m.readUInt32(),
+                                         descriptorThreads: try m.readUInt32(), oldestThreadWait: try m.readUInt64()))
+            try m.exitContainer()
+        }
+        try m.exitContainer()
+        return report
+    }
+}
+
 /// What an operator sees of one session (`dragctl show-session`).
 public struct SessionDetails: Sendable, Equatable, Codable {
     public struct LoadState: Sendable, Equatable, Codable {

@@ -1,6 +1,7 @@
 // Subcommands that read the transfer log file directly, so they work even when dragbrokerd is not running: log, refusals
-// and stats.
+// and stats (which then adds, from the daemon when it answers, what each app holds now).
 import ArgumentParser
+import BrokerClient
 import BrokerProtocol
 import Foundation
 import TransferLog
@@ -145,10 +146,15 @@ struct Refusals: AsyncParsableCommand {
 }
 
 struct Stats: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Totals of the transfer log by app, type and outcome.")
+    static let configuration = CommandConfiguration(
+        abstract: "Totals of the transfer log by app, type and outcome; then, from the running daemon, what each app holds now.")
 
     @OptionGroup var location: LogOptions
+    @OptionGroup var bus: BusOptions
     @OptionGroup var output: OutputOptions
+
+    @Flag(inversion: .prefixedNo, help: "Ask the running daemon what each app holds now (administrators only).")
+    var live = true
 
     struct Report: Encodable {
         var bySourceApp: [TransferLog.Total]
@@ -158,10 +164,12 @@ struct Stats: AsyncParsableCommand {
         /// Records the daemon could not write, counted instead: the totals are short by them.
         var lostRecords: Int64
         var gaps: [GapRecord]
+        /// From the running daemon, when it answered.
+        var now: UsageReport?
     }
 
     func run() async throws {
-        let report: Report
+        var report: Report
         do {
             let log = try location.open()
             report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
@@ -169,6 +177,16 @@ struct Stats: AsyncParsableCommand {
                             lostRecords: try log.lostRecords(), gaps: try log.gaps())
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
+        }
+        var liveFailure: String?
+        if live {
+            do {
+                report.now = try await BrokerConnection.connect(address: bus.address).usage()
+            } catch where error.code == .accessDenied {
+                liveFailure = error.message
+            } catch {
+                // No daemon to ask: the log alone is what there is.
+            }
         }
         if output.mode != .off { return try output.printJSON(report) }
         var tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
@@ -182,6 +200,18 @@ struct Stats: AsyncParsableCommand {
                 ["GAP", "FIRST LOST", "LAST LOST", "LOST", "REASON"],
                 report.gaps.map { [String($0.id ?? 0), timestamp($0.firstLostAt), timestamp($0.lastLostAt), String($0.lost), $0.reason] },
                 legend: "\(plural(report.gaps.count, "gap")) listed, \(plural(Int(report.lostRecords), "record")) lost."))
+        }
+        if let now = report.now {
+            tables.append(output.table(
+                ["NOW", "SESSIONS", "LOADS", "THREADS", "WAITING"],
+                now.buckets.map {
+                    [$0.name, String($0.sessions), String($0.loads), String($0.descriptorThreads),
+                     $0.descriptorThreads == 0 ? "-" : String(format: "%.1fs", Double($0.oldestThreadWait) / 1_000_000)]
+                },
+                legend: "\(plural(Int(now.sessions), "live session")), \(plural(Int(now.loads), "load")) in flight, "
+                    + "\(now.threadsBusy) of \(plural(Int(now.threadsMade), "descriptor thread")) busy."))
+        } else if let liveFailure {
+            tables.append("What each app holds now is not shown: \(liveFailure)".escapedForTerminal)
         }
         output.page(tables.joined(separator: "\n\n") + "\n")
     }

@@ -392,6 +392,7 @@ final class DragctlTests: XCTestCase {
             pad("DESTINATION APP", shown.count + 1) + "LOADS BYTES", pad(shown, shown.count + 1) + "1     2B", "", "1 entry listed.", "",
             "TYPE       LOADS BYTES", "text/plain 1     2B", "", "1 entry listed.", "",
             "OUTCOME   LOADS BYTES", "completed 1     2B", "", "1 entry listed.", "",
+            "0 live sessions, 0 loads in flight, 0 of 0 descriptor threads busy.", "",
         ])
 
         let refusals = try dragctl(world, ["refusals"] + state)

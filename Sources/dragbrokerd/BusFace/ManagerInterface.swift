@@ -30,6 +30,7 @@ final class ManagerInterface {
                     method("Monitor") { try $0.monitor($1) },
                     method("GetPolicy") { try $0.getPolicy($1) },
                     method("ReloadPolicy") { try $0.reloadPolicy($1) },
+                    method("GetUsage") { try $0.getUsage($1) },
                 ]),
                 properties: [
                     "Version": { m, _ throws(BusError) in try m.append(BrokerVersion.current) },
@@ -193,6 +194,34 @@ final class ManagerInterface {
         try requireAdministrator(caller, to: "reload the policy")
         try daemon.reloadPolicy()
         try reply(call)
+    }
+}
+
+extension ManagerInterface {
+    /// What each app and user holds now: their sessions and loads (`Quota`) and the descriptor
+    /// threads their files hold (`BlockingWorkers`). Names which apps use the daemon, so an
+    /// administrator's.
+    private func getUsage(_ call: MethodCall) throws {
+        try requireAdministrator(try daemon.identity(of: call), to: "read what every app holds")
+        let quota = registry.quota
+        let threads = daemon.descriptors.workers
+        var buckets: [String: UsageReport.Bucket] = [:]
+        for bucket in quota.buckets {
+            let (sessions, loads) = quota.usage(of: bucket)
+            buckets[bucket.description] = UsageReport.Bucket(name: bucket.description, sessions: UInt32(clamping: sessions),
+                                                             loads: UInt32(clamping: loads), descriptorThreads: 0, oldestThreadWait: 0)
+        }
+        for usage in threads.usage() {
+            var entry = buckets[usage.owner] ?? UsageReport.Bucket(name: usage.owner, sessions: 0, loads: 0, descriptorThreads: 0, oldestThreadWait: 0)
+            entry.descriptorThreads = UInt32(clamping: usage.busy)
+            entry.oldestThreadWait = usage.oldestFor
+            buckets[usage.owner] = entry
+        }
+        let (made, busy) = threads.threadCounts
+        let report = UsageReport(sessions: UInt32(clamping: registry.count), loads: UInt32(clamping: quota.totalLoads),
+                                 threadsMade: UInt32(clamping: made), threadsBusy: UInt32(clamping: busy),
+                                 buckets: buckets.values.sorted { $0.name < $1.name })
+        try reply(call) { r throws(BusError) in try report.encode(to: r) }
     }
 }
 

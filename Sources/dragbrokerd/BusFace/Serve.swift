@@ -27,7 +27,7 @@ struct Dispatcher {
             } catch {
                 try? call.message.rewind()
                 let (session, subject) = context(call)
-                throw busError(for: error, sender: call.sender, action: action, session: session, subject: subject)
+                throw busError(for: error, call: call, action: action, session: session, subject: subject)
             }
         }
     }
@@ -35,12 +35,16 @@ struct Dispatcher {
     /// Answers a call kept open (a file load's) with `error`, as `serve` would have.
     func fail(_ call: MethodCall, _ error: any Error, action: String, session: Session?, subject: String?) {
         guard !call.answered else { return }
-        call.fail(busError(for: error, sender: call.sender, action: action, session: session, subject: subject))
+        call.fail(busError(for: error, call: call, action: action, session: session, subject: subject))
     }
 
-    private func busError(for error: any Error, sender: String, action: String, session: Session?, subject: String?) -> BusError {
+    private func busError(for error: any Error, call: MethodCall, action: String, session: Session?, subject: String?) -> BusError {
+        let sender = call.sender
         if let refusal = error as? BrokerError {
-            audit.refused(refusal, sender: sender, identity: identities.known(sender), action: action, session: session, subject: subject)
+            // Identified even when the refused call is the connection's first: the record, and
+            // the rate its refusals are recorded at, are its app's, not an anonymous name's.
+            let identity = identities.known(sender) ?? (try? identities.identity(ofName: sender, on: call.bus))
+            audit.refused(refusal, sender: sender, identity: identity, action: action, session: session, subject: subject)
             return refusal.busError
         }
         logger.error("Failed to serve \(action) for \(sender): \(error)")
