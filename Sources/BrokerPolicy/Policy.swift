@@ -142,6 +142,9 @@ public struct PolicyLimits: Hashable, Sendable {
     /// `RateLimitIntervalSec=`/`RateLimitBurst=` do.
     public var refusalRateLimitIntervalSec = 60
     public var refusalRateLimitBurst = 60
+    /// Milliseconds a refusal past the burst waits before it is answered, so that an app that
+    /// asks again as soon as it hears slows down to a pace the daemon absorbs.
+    public var refusalDelayMsec = 100
 
     public init() {}
 
@@ -168,6 +171,7 @@ public struct PolicyLimits: Hashable, Sendable {
         ("DescriptorThreadsTotal", \.descriptorThreadsTotal),
         ("RefusalRateLimitIntervalSec", \.refusalRateLimitIntervalSec),
         ("RefusalRateLimitBurst", \.refusalRateLimitBurst),
+        ("RefusalDelayMsec", \.refusalDelayMsec),
     ]
 }
 

@@ -246,13 +246,15 @@ public final class LoopTimer: @unchecked Sendable {
     private var source: OpaquePointer?
     private let callback: () -> Void
 
-    public init(loop: EventLoop, afterMicroseconds delay: UInt64, callback: @escaping () -> Void) throws(BusError) {
+    /// `accuracy`: how late, in µs, sd-event may fire it to wake once for several timers; 0
+    /// means sd-event's default, 250 ms.
+    public init(loop: EventLoop, afterMicroseconds delay: UInt64, accuracy: UInt64 = 0, callback: @escaping () -> Void) throws(BusError) {
         loop.preconditionCurrentOrIdle("LoopTimer created")
         self.loop = loop
         self.callback = callback
         var now: UInt64 = 0
         sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
-        let r = sd_event_add_time(loop.handle, &source, CLOCK_MONOTONIC, now + delay, 0, { _, _, userdata in
+        let r = sd_event_add_time(loop.handle, &source, CLOCK_MONOTONIC, now + delay, accuracy, { _, _, userdata in
             Unmanaged<LoopTimer>.fromOpaque(userdata!).takeUnretainedValue().callback()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())

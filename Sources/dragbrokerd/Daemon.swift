@@ -45,7 +45,7 @@ final class Daemon {
         self.policyDirectory = policyDirectory
         registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
         audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
-        dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger)
+        dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger, delayed: DelayedRefusals(loop: bus.loop))
         descriptors = ClientDescriptors(workers: BlockingWorkers(bounds: Limits(policy.limits).descriptorThreads), bus: bus)
         audit.refusalRule = Limits(policy.limits).refusalRate
     }
@@ -183,6 +183,7 @@ final class Daemon {
         ServiceManager.notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
         registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
         audit.summarizeSuppressedRefusals()
+        dispatcher.delayed.answerAll()
         bus.flush()
         audit.transferLog.flush()
     }

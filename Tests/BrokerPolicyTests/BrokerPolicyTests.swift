@@ -628,5 +628,7 @@ final class BrokerPolicyTests: XCTestCase {
         RefusalRateLimitIntervalSec=60
         # default
         RefusalRateLimitBurst=60
+        # default
+        RefusalDelayMsec=100
         """
 }

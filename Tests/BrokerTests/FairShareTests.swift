@@ -124,16 +124,28 @@ final class FairShareTests: XCTestCase {
     }
 
     /// Past the burst, refusals of one app are counted, not written, from however many
-    /// connections; one row per bucket says how many once the interval is over.
+    /// connections; one row per bucket says how many once the interval is over. They are also
+    /// answered late, while other apps are answered at once.
     func testRefusalsAreRecordedAtABoundedRate() throws {
-        let world = try World { _ in "[Limits]\nRefusalRateLimitIntervalSec=3\nRefusalRateLimitBurst=5\n" }
+        let world = try World { _ in "[Limits]\nRefusalRateLimitIntervalSec=4\nRefusalRateLimitBurst=5\nRefusalDelayMsec=1\n" }
         let flooder = world.paths.app("flooder")
+        let notFound = err(.notFound, "No live session has this token")
         // 4 connections of one app, 10 refused calls each: 40 refusals.
         for _ in 0..<4 {
             let peer = try world.peer("flooder")
-            for _ in 0..<10 { XCTAssertEqual(peer.run("present 00"), err(.notFound, "No live session has this token")) }
+            for _ in 0..<10 { XCTAssertEqual(peer.run("present 00"), notFound) }
             peer.kill()
         }
+        // A refusal past the burst waits RefusalDelayMsec=; another app's call meanwhile does not.
+        try "[Limits]\nRefusalRateLimitIntervalSec=4\nRefusalRateLimitBurst=5\nRefusalDelayMsec=60000\n"
+            .write(to: world.paths.policyFile, atomically: true, encoding: .utf8)
+        let other = try world.peer("other")
+        XCTAssertEqual(other.run("reload"), "OK")
+        let late = try world.peer("flooder")
+        late.send("present 00")
+        XCTAssertTrue(other.run("whoami").hasPrefix("OK "))
+        XCTAssertNil(late.stdout.take(timeout: 1) { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, "the flooder's refusal waits")
+        late.kill()
         let rows = try world.daemon.waitForLog { log -> [RefusalRecord]? in
             let rows = try log.refusals(limit: 1000)
             return rows.count >= 7 ? rows : nil
@@ -143,9 +155,9 @@ final class FairShareTests: XCTestCase {
         XCTAssertEqual(Set(written.map(\.app)), [flooder])
         let summaries = rows.filter { $0.action == "RateLimited" }.map { "\($0.app) | \($0.errorName) | \($0.message)" }.sorted()
         XCTAssertEqual(summaries, [
-            "\(flooder) | \(BrokerErrorCode.limitExceeded.busName) | Suppressed 35 refusals of \(flooder) past the first 5 in 3 s (RefusalRateLimitBurst=5 per RefusalRateLimitIntervalSec=3)",
-            "the unsandboxed apps of uid \(getuid()) | \(BrokerErrorCode.limitExceeded.busName) | Suppressed 35 refusals of the unsandboxed apps of uid \(getuid()) past the first 5 in 3 s (RefusalRateLimitBurst=5 per RefusalRateLimitIntervalSec=3)",
+            "\(flooder) | \(BrokerErrorCode.limitExceeded.busName) | Suppressed 36 refusals of \(flooder) past the first 5 in 4 s (RefusalRateLimitBurst=5 per RefusalRateLimitIntervalSec=4)",
+            "the unsandboxed apps of uid \(getuid()) | \(BrokerErrorCode.limitExceeded.busName) | Suppressed 36 refusals of the unsandboxed apps of uid \(getuid()) past the first 5 in 4 s (RefusalRateLimitBurst=5 per RefusalRateLimitIntervalSec=4)",
         ])
-        XCTAssertEqual(rows.count, 7, "5 refusals and one summary per bucket, for 40 refused calls")
+        XCTAssertEqual(rows.count, 7, "5 refusals and one summary per bucket, for 41 refused calls")
     }
 }

@@ -381,7 +381,7 @@ final class SecurityTests: XCTestCase {
     /// past the burst its refusals are counted, and what is still counted when the daemon
     /// stops is summed up before it exits.
     func testRefusalsRecordedPerAppAreBounded() throws {
-        let world = try World()
+        let world = try World { _ in "[Limits]\nRefusalDelayMsec=1\n" }
         let source = try world.peer("source-app")
         let (_, path) = try source.begin(EndToEndTests.helloDrag)
         let probe = try BusProbe(address: world.bus.address)

@@ -186,15 +186,17 @@ final class AuditSink {
     // MARK: Refusals
 
     /// Records a refusal beside the transfers: who asked, for what, and why. Past its app's or
-    /// its user's burst (`RefusalRateLimit`) it is counted instead, and summed up in one row.
-    func refused(_ error: BrokerError, sender: String, identity: AppIdentity?, action: String, session: Session?, subject: String?) {
+    /// its user's burst (`RefusalRateLimit`) it is counted instead, and summed up in one row;
+    /// then it returns false.
+    @discardableResult
+    func refused(_ error: BrokerError, sender: String, identity: AppIdentity?, action: String, session: Session?, subject: String?) -> Bool {
         let now = Kernel.monotonicMicroseconds()
         let (write, ended) = refusalRate.admit(identity?.buckets ?? [.unidentified], uid: identity?.uid ?? 0, pid: identity?.pid ?? 0,
                                                rule: refusalRule, now: now)
         summarize(ended)
         guard write else {
             armSummaryTimer()
-            return
+            return false
         }
         let record = RefusalRecord(
             at: Date(), app: identity?.appID ?? sender, uid: Int64(identity?.uid ?? 0), pid: Int64(identity?.pid ?? 0),
@@ -203,6 +205,7 @@ final class AuditSink {
         transferLog.submit(.refusal(record))
         AuditJournal.record(record)
         logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
+        return true
     }
 
     /// The action a summary row of suppressed refusals names.

@@ -12,6 +12,8 @@ struct RefusalRateLimit {
         /// Microseconds.
         var interval: UInt64
         var burst: Int
+        /// Microseconds a refusal past the burst waits for its answer (`DelayedRefusals`).
+        var delay: UInt64 = 100_000
     }
 
     /// Refusals suppressed in one bucket's interval, to be summed up when it ends.

@@ -5,6 +5,7 @@
 import BrokerProtocol
 import BusKit
 import Logging
+import SystemCalls
 
 /// Runs method handlers and answers their failures, the only place a failure becomes a
 /// D-Bus error name:
@@ -16,6 +17,8 @@ struct Dispatcher {
     let audit: AuditSink
     let identities: IdentityResolver
     let logger: Logger
+    /// Refusals past their app's burst, answered late.
+    let delayed: DelayedRefusals
 
     /// A method handler for `action`. `context` names the session and subject a refusal is
     /// recorded against.
@@ -27,7 +30,11 @@ struct Dispatcher {
             } catch {
                 try? call.message.rewind()
                 let (session, subject) = context(call)
-                throw busError(for: error, call: call, action: action, session: session, subject: subject)
+                let (answer, recorded) = busError(for: error, call: call, action: action, session: session, subject: subject)
+                // An app past its burst of refusals hears later: one that asks again as soon as
+                // it hears slows down to what the daemon absorbs, and other apps keep their pace.
+                if !recorded, delayed.hold(call, answer, for: audit.refusalRule.delay) { return }
+                throw answer
             }
         }
     }
@@ -35,20 +42,80 @@ struct Dispatcher {
     /// Answers a call kept open (a file load's) with `error`, as `serve` would have.
     func fail(_ call: MethodCall, _ error: any Error, action: String, session: Session?, subject: String?) {
         guard !call.answered else { return }
-        call.fail(busError(for: error, call: call, action: action, session: session, subject: subject))
+        call.fail(busError(for: error, call: call, action: action, session: session, subject: subject).error)
     }
 
-    private func busError(for error: any Error, call: MethodCall, action: String, session: Session?, subject: String?) -> BusError {
+    /// The error to answer, and whether a refusal was recorded one by one (false: counted).
+    private func busError(for error: any Error, call: MethodCall, action: String, session: Session?,
+                          subject: String?) -> (error: BusError, recorded: Bool) {
         let sender = call.sender
         if let refusal = error as? BrokerError {
             // Identified even when the refused call is the connection's first: the record, and
             // the rate its refusals are recorded at, are its app's, not an anonymous name's.
             let identity = identities.known(sender) ?? (try? identities.identity(ofName: sender, on: call.bus))
-            audit.refused(refusal, sender: sender, identity: identity, action: action, session: session, subject: subject)
-            return refusal.busError
+            let recorded = audit.refused(refusal, sender: sender, identity: identity, action: action, session: session, subject: subject)
+            return (refusal.busError, recorded)
         }
         logger.error("Failed to serve \(action) for \(sender): \(error)")
-        return BrokerError(.failed, "dragbrokerd failed to serve \(action): \(error)").busError
+        return (BrokerError(.failed, "dragbrokerd failed to serve \(action): \(error)").busError, true)
+    }
+}
+
+/// Refused calls answered after a delay, in the order they were refused, by one timer. At most
+/// `capacity` wait; past that a refusal is answered at once, so a client that sends without
+/// waiting for answers cannot make the daemon hold its calls without bound.
+final class DelayedRefusals {
+    static let capacity = 1024
+    private let loop: EventLoop
+    private var waiting: [(call: MethodCall, error: BusError, due: UInt64)] = []
+    private var next = 0
+    private var timer: LoopTimer?
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    /// Answers `call` with `error` after `delay` µs; false when it is full (answer now).
+    func hold(_ call: MethodCall, _ error: BusError, for delay: UInt64) -> Bool {
+        guard waiting.count - next < Self.capacity else { return false }
+        waiting.append((call, error, Kernel.monotonicMicroseconds() + delay))
+        if timer == nil { arm() }
+        return true
+    }
+
+    private func arm() {
+        guard next < waiting.count else {
+            waiting.removeAll(keepingCapacity: true)
+            next = 0
+            timer = nil
+            return
+        }
+        let now = Kernel.monotonicMicroseconds(), due = waiting[next].due
+        timer = try? LoopTimer(loop: loop, afterMicroseconds: due > now ? due - now : 0, accuracy: 1_000) { [unowned self] in answerDue() }
+        if timer == nil { answerAll() }
+    }
+
+    private func answerDue() {
+        let now = Kernel.monotonicMicroseconds()
+        while next < waiting.count, waiting[next].due <= now {
+            answer(waiting[next])
+            next += 1
+        }
+        if next > 4096 {
+            waiting.removeFirst(next)
+            next = 0
+        }
+        arm()
+    }
+
+    /// Answers every waiting call now, e.g. before the daemon exits.
+    func answerAll() {
+        for entry in waiting[next...] { answer(entry) }
+        waiting = []
+        next = 0
+        timer = nil
+    }
+
+    private func answer(_ entry: (call: MethodCall, error: BusError, due: UInt64)) {
+        if !entry.call.answered { entry.call.fail(entry.error) }
     }
 }
 

@@ -332,9 +332,8 @@ final class SessionInterface {
         let descriptors = daemon.descriptors
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
                                 limits: { [unowned daemon] in daemon.registry.limits }, descriptors: descriptors)
-        let owners = source.owners
         if request.kind == .file {
-            try descriptors.workers.admit(owners: owners, "the handover of a file from it")
+            try descriptors.workers.admit(owners: source.owners, "the handover of a file from it")
         }
         let dispatcher = daemon.dispatcher
         // Tracked before it starts: tracking puts it on record (`AuditSink`), which it waits for.
@@ -354,7 +353,7 @@ final class SessionInterface {
                         if kind == .file {
                             try? sent.rewind()
                             if let number = try? sent.readBorrowedFileDescriptor() {
-                                descriptors.retire(sent: sent, number: number, owners: owners)
+                                descriptors.retire(sent: sent, number: number, owners: source.owners)
                             }
                         }
                     } catch {

@@ -50,6 +50,6 @@ struct Limits: Sendable {
         concludeTimeout = UInt64(policy.concludeTimeoutSec) * 1_000_000
         descriptorThreads = BlockingWorkers.Bounds(perOwner: policy.descriptorThreadsPerApp, total: policy.descriptorThreadsTotal)
         refusalRate = RefusalRateLimit.Rule(interval: UInt64(policy.refusalRateLimitIntervalSec) * 1_000_000,
-                                            burst: policy.refusalRateLimitBurst)
+                                            burst: policy.refusalRateLimitBurst, delay: UInt64(policy.refusalDelayMsec) * 1_000)
     }
 }

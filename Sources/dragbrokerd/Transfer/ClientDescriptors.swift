@@ -3,8 +3,13 @@ import BusKit
 import SystemCalls
 
 /// Every descriptor a client hands the daemon passes through here, so the loop never makes a
-/// call on one: a client's file may live on a file system its own app serves (FUSE), where
-/// `fstat`, `open` and even `close` wait for that app's answer, possibly for ever.
+/// call on one that can block: a client's file may live on a file system its own app serves
+/// (FUSE), where `fstat`, `open` and even `close` wait for that app's answer, possibly for ever.
+///
+/// One kind is told apart without asking any file system, and cannot block: a file in memory
+/// (a memfd, or a file on tmpfs or hugetlbfs), which alone answers `F_GET_SEALS`; `fcntl` never
+/// reaches a file system. Such a file is handled on the loop, sparing the most common handover
+/// (a sealed memfd) two thread hops. Every other file goes to the workers.
 ///
 /// The loop touches such a descriptor only as a number inside a bus message: sd-bus owns it
 /// and would close it, on the loop, when the message goes. So the message is kept on the loop
@@ -36,6 +41,9 @@ final class ClientDescriptors {
     func take<Result: Sendable>(_ number: Int32, from message: Message, owners: [String], for what: String,
                                 examine: @escaping @Sendable (FileDescriptor?) -> Result,
                                 then: @escaping (Result) -> Void) throws(BrokerError) {
+        if Self.isInMemory(number) {
+            return then(examine(try? FileDescriptor(rawValue: number).duplicateCloseOnExec()))
+        }
         let key = hold(message)
         let done = LoopBound(then, loop: loop)
         let loop = loop
@@ -54,14 +62,16 @@ final class ClientDescriptors {
         }
     }
 
-    /// Closes a descriptor the daemon is done with, on a worker.
+    /// Closes a descriptor the daemon is done with, on a worker unless it is in memory.
     func close(_ descriptor: FileDescriptor, owners: [String]) {
+        if Self.isInMemory(descriptor.rawValue) { return descriptor.closeQuietly() }
         workers.eventually(owners: owners) { descriptor.closeQuietly() }
     }
 
     /// `message` was just sent carrying a client's descriptor at `number`: once sd-bus has
     /// written it out (the receiver's copy is then in the socket), a worker retires the number.
     func retire(sent message: Message, number: Int32, owners: [String]) {
+        guard !Self.isInMemory(number) else { return }
         unwritten.append((message, number, owners))
         retireWritten()
     }
@@ -71,7 +81,7 @@ final class ClientDescriptors {
         guard bus.queuedWrites == 0 else {
             // sd-bus writes the rest when the socket takes it; look again shortly.
             if writeCheck == nil {
-                writeCheck = try? LoopTimer(loop: loop, afterMicroseconds: 1_000) { [unowned self] in
+                writeCheck = try? LoopTimer(loop: loop, afterMicroseconds: 1_000, accuracy: 1_000) { [unowned self] in
                     writeCheck = nil
                     retireWritten()
                 }
@@ -111,6 +121,11 @@ final class ClientDescriptors {
         let kept = try? FileDescriptor(rawValue: number).duplicateCloseOnExec()
         try? null.duplicate(over: number)
         return kept
+    }
+
+    /// Whether the file at `number` is in memory, where no call on it can block.
+    private static func isInMemory(_ number: Int32) -> Bool {
+        (try? FileDescriptor(rawValue: number).seals()) != nil
     }
 
     /// Messages still held, for tests and `dragctl stats`.

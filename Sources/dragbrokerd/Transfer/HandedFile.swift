@@ -5,7 +5,8 @@ import SystemCalls
 /// a regular file the source opened for reading, or a memfd sealed against writing, growing
 /// and shrinking. What the destination gets must grant no more than the source had.
 ///
-/// Runs on a worker (`BlockingWorkers`): every call here may wait on a client's file system.
+/// Runs on a worker (`BlockingWorkers`), where every call here may wait on a client's file
+/// system; for a file in memory, on the loop (`ClientDescriptors`).
 enum HandedFile {
     /// The descriptor the destination receives, and the file's size; or why the handover is
     /// refused. `handed` is consumed either way.
@@ -21,15 +22,18 @@ enum HandedFile {
         }
         do throws(BrokerError) {
             let status = try judge(handed)
-            let file = reopen ? try reopened(handed, status) : handed
-            if file != handed { handed.closeQuietly() }
+            guard !reopen else {
+                // A new open file description starts at offset 0.
+                let file = try reopened(handed, status)
+                handed.closeQuietly()
+                return .success((file, status.size))
+            }
             do {
-                try file.rewind()
+                try handed.rewind()
             } catch {
-                file.closeQuietly()
                 throw BrokerError(.providerFailed, "Failed to rewind the handed-over file: \(error)")
             }
-            return .success((file, status.size))
+            return .success((handed, status.size))
         } catch {
             handed.closeQuietly()
             return .failure(error)
