@@ -276,6 +276,23 @@ enum Orchestrator {
                     return monotonicNanos() - start
                 })
         }
+        // (f) Update on a second drag of the source's, quiet and then under a flood of refused
+        // calls from another app; after the others, so the flood's aftermath touches none of them.
+        progress("(f) Update p99 quiet, then under a flood of refused calls from \(Flood.connections) connections of another app for \(Flood.seconds) s")
+        try world.source.send("begin")
+        guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin ") || $0.hasPrefix("ERR") }),
+              begun.hasPrefix("OK begin ") else {
+            throw BenchError("the source did not begin a second drag\n\(world.source.diagnostics())")
+        }
+        let victim = try await connection.presentToken(String(begun.dropFirst("OK begin ".count)))
+        guard try await victim.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
+        let flood = try await Flood.run(world: world) {
+            let start = monotonicNanos()
+            let allowed = try await victim.update(proposing: .copy)
+            guard allowed == .copy else { throw BenchError("Update answered \(allowed)") }
+            return monotonicNanos() - start
+        }
+
         try await drop.conclude()
         try world.source.send("quit")
         _ = world.source.waitForExit(timeout: 10)
@@ -314,6 +331,7 @@ enum Orchestrator {
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
         report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
+        report += flood.lines
         report += scale.lines
         report += experiments
         report.append("pipe_ratio_256m=\(format(ratios[BenchSizes.mib256] ?? .nan, 3))")
@@ -322,6 +340,7 @@ enum Orchestrator {
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
         report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
+        report.append(flood.key)
         report += scale.keys
         return report
     }
