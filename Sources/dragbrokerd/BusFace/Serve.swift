@@ -63,9 +63,12 @@ struct Dispatcher {
 
 /// Refused calls answered after a delay, in the order they were refused, by one timer. At most
 /// `capacity` wait; past that a refusal is answered at once, so a client that sends without
-/// waiting for answers cannot make the daemon hold its calls without bound.
+/// waiting for answers cannot make the daemon hold its calls without bound. At most `pace`
+/// are answered each millisecond: a flood's connections, answered together, would ask again
+/// together, and every other app's call would wait behind the whole wave.
 final class DelayedRefusals {
     static let capacity = 1024
+    static let pace = 4
     private let loop: EventLoop
     private var waiting: [(call: MethodCall, error: BusError, due: UInt64)] = []
     private var next = 0
@@ -95,9 +98,16 @@ final class DelayedRefusals {
 
     private func answerDue() {
         let now = Kernel.monotonicMicroseconds()
-        while next < waiting.count, waiting[next].due <= now {
+        var answered = 0
+        while next < waiting.count, waiting[next].due <= now, answered < Self.pace {
             answer(waiting[next])
             next += 1
+            answered += 1
+        }
+        if answered == Self.pace, next < waiting.count, waiting[next].due <= now {
+            timer = try? LoopTimer(loop: loop, afterMicroseconds: 1_000, accuracy: 100) { [unowned self] in answerDue() }
+            if timer == nil { answerAll() }
+            return
         }
         if next > 4096 {
             waiting.removeFirst(next)

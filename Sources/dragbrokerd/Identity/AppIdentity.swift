@@ -75,15 +75,15 @@ struct AppIdentity: Equatable, Sendable {
             self.team = nil
         }
         managed = policy.isManaged(appID: appID, team: team)
+        // Computed once per connection: every load counts against them at its start and end.
+        buckets = source.isSandboxed ? [.app(appID)] : [.app(appID), .unsandboxedUser(facts.uid)]
     }
 
     /// The buckets this identity's use of the daemon counts against: its app's; and for an
     /// unsandboxed app, which can take any ID it likes (copy its binary, name its own scope),
     /// also the one every unsandboxed app of its user shares. A sandbox vouches for its ID,
     /// so a sandboxed app has its app's bucket alone.
-    var buckets: [Bucket] {
-        isSandboxed ? [.app(appID)] : [.app(appID), .unsandboxedUser(uid)]
-    }
+    private(set) var buckets: [Bucket] = []
 
     /// Same app: same app ID. Same team: same app, or both in one named team.
     func isSameApp(as other: AppIdentity) -> Bool { appID == other.appID }

@@ -90,8 +90,7 @@ struct Quota {
 
     /// A load between two connections of one app counts once for that app.
     private static func buckets(_ source: AppIdentity, _ destination: AppIdentity) -> [Bucket] {
-        var seen = Set<Bucket>()
-        return (source.buckets + destination.buckets).filter { seen.insert($0).inserted }
+        source.buckets + destination.buckets.filter { !source.buckets.contains($0) }
     }
 
     private static func decrement(_ counts: inout [Bucket: Int], _ bucket: Bucket) {
