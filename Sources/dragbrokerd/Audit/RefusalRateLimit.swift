@@ -85,7 +85,4 @@ struct RefusalRateLimit {
     func nextSummary(rule: Rule) -> UInt64? {
         windows.values.filter { $0.suppressed > 0 }.map { $0.start + rule.interval }.min()
     }
-
-    /// Buckets with a window open, for tests.
-    var openWindows: Int { windows.count }
 }

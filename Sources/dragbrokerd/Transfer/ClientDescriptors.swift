@@ -127,7 +127,4 @@ final class ClientDescriptors {
     private static func isInMemory(_ number: Int32) -> Bool {
         (try? FileDescriptor(rawValue: number).seals()) != nil
     }
-
-    /// Messages still held, for tests and `dragctl stats`.
-    var heldCount: Int { held.count + unwritten.count }
 }
