@@ -47,7 +47,14 @@ final class Daemon {
         audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
         dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger, delayed: DelayedRefusals(loop: bus.loop))
         descriptors = ClientDescriptors(workers: BlockingWorkers(bounds: Limits(policy.limits).descriptorThreads), bus: bus)
-        audit.refusalRule = Limits(policy.limits).refusalRate
+        applyBounds(of: policy)
+    }
+
+    /// The policy's bounds that live outside the registry: descriptor threads and refusal rates.
+    private func applyBounds(of policy: Policy) {
+        let limits = Limits(policy.limits)
+        descriptors.workers.bounds = limits.descriptorThreads
+        audit.refusalRule = limits.refusalRate
     }
 
     /// Exports the interfaces and starts watching peers. Call before owning the bus name, so
@@ -140,8 +147,7 @@ final class Daemon {
             throw BrokerError(.invalidArgument, "The policy was not reloaded: \(error)")
         }
         registry.identities.apply(policy)
-        descriptors.workers.bounds = Limits(policy.limits).descriptorThreads
-        audit.refusalRule = Limits(policy.limits).refusalRate
+        applyBounds(of: policy)
         // New deadlines apply to live sessions too: one already past them ends now.
         registry.expireDeadlines(at: Kernel.monotonicMicroseconds())
         applyRetention()

@@ -205,22 +205,17 @@ extension ManagerInterface {
         try requireAdministrator(try daemon.identity(of: call), to: "read what every app holds")
         let quota = registry.quota
         let threads = daemon.descriptors.workers
-        var buckets: [String: UsageReport.Bucket] = [:]
-        for bucket in quota.buckets {
+        let busy = Dictionary(uniqueKeysWithValues: threads.usage().map { ($0.owner, $0) })
+        let buckets = quota.buckets.union(busy.keys).map { bucket in
             let (sessions, loads) = quota.usage(of: bucket)
-            buckets[bucket.description] = UsageReport.Bucket(name: bucket.description, sessions: UInt32(clamping: sessions),
-                                                             loads: UInt32(clamping: loads), descriptorThreads: 0, oldestThreadWait: 0)
+            return UsageReport.Bucket(name: bucket.description, sessions: UInt32(clamping: sessions), loads: UInt32(clamping: loads),
+                                      descriptorThreads: UInt32(clamping: busy[bucket]?.busy ?? 0),
+                                      oldestThreadWait: busy[bucket]?.oldestFor ?? 0)
         }
-        for usage in threads.usage() {
-            var entry = buckets[usage.owner] ?? UsageReport.Bucket(name: usage.owner, sessions: 0, loads: 0, descriptorThreads: 0, oldestThreadWait: 0)
-            entry.descriptorThreads = UInt32(clamping: usage.busy)
-            entry.oldestThreadWait = usage.oldestFor
-            buckets[usage.owner] = entry
-        }
-        let (made, busy) = threads.threadCounts
+        let (made, working) = threads.threadCounts
         let report = UsageReport(sessions: UInt32(clamping: registry.count), loads: UInt32(clamping: quota.totalLoads),
-                                 threadsMade: UInt32(clamping: made), threadsBusy: UInt32(clamping: busy),
-                                 buckets: buckets.values.sorted { $0.name < $1.name })
+                                 threadsMade: UInt32(clamping: made), threadsBusy: UInt32(clamping: working),
+                                 buckets: buckets.sorted { $0.name < $1.name })
         try reply(call) { r throws(BusError) in try report.encode(to: r) }
     }
 }

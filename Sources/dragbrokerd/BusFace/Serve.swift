@@ -84,15 +84,16 @@ final class DelayedRefusals {
         return true
     }
 
-    private func arm() {
+    /// Waits for the next call's due time, and at least until `earliest`.
+    private func arm(earliest: UInt64 = 0) {
         guard next < waiting.count else {
             waiting.removeAll(keepingCapacity: true)
             next = 0
             timer = nil
             return
         }
-        let now = Kernel.monotonicMicroseconds(), due = waiting[next].due
-        timer = try? LoopTimer(loop: loop, afterMicroseconds: due > now ? due - now : 0, accuracy: 1_000) { [unowned self] in answerDue() }
+        let now = Kernel.monotonicMicroseconds(), due = max(waiting[next].due, earliest)
+        timer = try? LoopTimer(loop: loop, afterMicroseconds: due > now ? due - now : 0, accuracy: 100) { [unowned self] in answerDue() }
         if timer == nil { answerAll() }
     }
 
@@ -104,16 +105,12 @@ final class DelayedRefusals {
             next += 1
             answered += 1
         }
-        if answered == Self.pace, next < waiting.count, waiting[next].due <= now {
-            timer = try? LoopTimer(loop: loop, afterMicroseconds: 1_000, accuracy: 100) { [unowned self] in answerDue() }
-            if timer == nil { answerAll() }
-            return
-        }
         if next > 4096 {
             waiting.removeFirst(next)
             next = 0
         }
-        arm()
+        // Having answered its `pace`, the next waits a millisecond, however long overdue.
+        arm(earliest: answered == Self.pace ? now + 1_000 : 0)
     }
 
     /// Answers every waiting call now, e.g. before the daemon exits.

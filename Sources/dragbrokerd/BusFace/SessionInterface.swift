@@ -333,7 +333,7 @@ final class SessionInterface {
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
                                 limits: { [unowned daemon] in daemon.registry.limits }, descriptors: descriptors)
         if request.kind == .file {
-            try descriptors.workers.admit(owners: source.owners, "the handover of a file from it")
+            try descriptors.workers.admit(owners: source.owners, HandedFile.work)
         }
         let dispatcher = daemon.dispatcher
         // Tracked before it starts: tracking puts it on record (`AuditSink`), which it waits for.

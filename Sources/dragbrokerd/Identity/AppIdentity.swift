@@ -106,6 +106,18 @@ enum Bucket: Hashable, Sendable, CustomStringConvertible {
         case .unidentified: "callers that could not be identified"
         }
     }
+
+    /// The bucket as the subject of a refusal: "com.example.Foo has", "The unsandboxed apps of
+    /// uid 1000 have".
+    var holder: String {
+        if case .app(let id) = self { return "\(id) has" }
+        return "\(description.prefix(1).uppercased())\(description.dropFirst()) have"
+    }
+
+    /// "its" limit or "their" limit.
+    var possessive: String {
+        if case .app = self { "its" } else { "their" }
+    }
 }
 
 /// Resolves identities and caches the kernel's facts per unique bus name; entries die with

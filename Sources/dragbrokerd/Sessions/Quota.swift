@@ -28,15 +28,8 @@ struct Quota {
     // MARK: Sessions
 
     func admitSession(of source: AppIdentity, _ limits: Limits) throws(BrokerError) {
-        for bucket in source.buckets {
-            let (held, limit, key) = switch bucket {
-            case .app: (sessions[bucket, default: 0], limits.sessionsPerApp, "SessionsPerApp")
-            case .unsandboxedUser, .unidentified: (sessions[bucket, default: 0], limits.sessionsPerUser, "SessionsPerUser")
-            }
-            guard held < limit else {
-                throw .limitExceeded("\(Self.subject(bucket)) \(held) live sessions, \(Self.their(bucket)) limit (\(key)=\(limit))")
-            }
-        }
+        try Self.admit(sessions, source.buckets, "live sessions",
+                       app: (limits.sessionsPerApp, "SessionsPerApp"), user: (limits.sessionsPerUser, "SessionsPerUser"))
     }
 
     mutating func sessionBegan(by source: AppIdentity) {
@@ -52,16 +45,8 @@ struct Quota {
     /// Whether a load from `source` to `destination` may start now, with `descriptors` the
     /// daemon's descriptor limit (nil: none known).
     func admitLoad(from source: AppIdentity, to destination: AppIdentity, _ limits: Limits, descriptors: Int?) throws(BrokerError) {
-        for bucket in Self.buckets(source, destination) {
-            let (limit, key) = switch bucket {
-            case .app: (limits.loadsPerApp, "LoadsPerApp")
-            case .unsandboxedUser, .unidentified: (limits.loadsPerUser, "LoadsPerUser")
-            }
-            let held = loads[bucket, default: 0]
-            guard held < limit else {
-                throw .limitExceeded("\(Self.subject(bucket)) \(held) loads in flight, \(Self.their(bucket)) limit (\(key)=\(limit))")
-            }
-        }
+        try Self.admit(loads, Self.buckets(source, destination), "loads in flight",
+                       app: (limits.loadsPerApp, "LoadsPerApp"), user: (limits.loadsPerUser, "LoadsPerUser"))
         let total = min(limits.loadsTotal, descriptors.map { Self.loads(allowedBy: $0, limits) } ?? Int.max)
         guard totalLoads < total else {
             let why = total < limits.loadsTotal
@@ -98,14 +83,16 @@ struct Quota {
         counts[bucket] = left > 0 ? left : nil
     }
 
-    private static func subject(_ bucket: Bucket) -> String {
-        switch bucket {
-        case .app(let id): "\(id) has"
-        case .unsandboxedUser, .unidentified: "\(bucket.description.prefix(1).uppercased())\(bucket.description.dropFirst()) have"
+    /// Refuses the first of `buckets` already holding its limit of what `counts` counts: the
+    /// app's limit for an app, the user's for the unsandboxed apps of a user.
+    private static func admit(_ counts: [Bucket: Int], _ buckets: [Bucket], _ what: String,
+                              app: (limit: Int, key: String), user: (limit: Int, key: String)) throws(BrokerError) {
+        for bucket in buckets {
+            let (limit, key) = if case .app = bucket { app } else { user }
+            let held = counts[bucket, default: 0]
+            guard held < limit else {
+                throw .limitExceeded("\(bucket.holder) \(held) \(what), \(bucket.possessive) limit (\(key)=\(limit))")
+            }
         }
-    }
-
-    private static func their(_ bucket: Bucket) -> String {
-        if case .app = bucket { "its" } else { "their" }
     }
 }

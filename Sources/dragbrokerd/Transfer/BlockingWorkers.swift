@@ -23,7 +23,7 @@ final class BlockingWorkers: @unchecked Sendable {
 
     /// One owner's threads at work, for `dragctl stats`.
     struct Usage: Sendable, Equatable {
-        var owner: String
+        var owner: Bucket
         var busy: Int
         /// Microseconds since the oldest of them began.
         var oldestFor: UInt64
@@ -31,7 +31,7 @@ final class BlockingWorkers: @unchecked Sendable {
 
     private struct Job {
         let id: UInt64
-        let owners: [String]
+        let owners: [Bucket]
         let work: () -> Void
     }
 
@@ -40,7 +40,7 @@ final class BlockingWorkers: @unchecked Sendable {
     private let condition = NSCondition()
     private var queue: [Job] = []
     /// Start time of each job a thread runs, by owner.
-    private var running: [String: [UInt64: UInt64]] = [:]
+    private var running: [Bucket: [UInt64: UInt64]] = [:]
     private var runningCount = 0
     private var threads = 0
     private var idle = 0
@@ -69,49 +69,56 @@ final class BlockingWorkers: @unchecked Sendable {
     /// Refuses, as `start` would, work of `owners` that could not have a thread now: a file
     /// handover checks this before the source is even asked, so few answers arrive that could
     /// not be taken.
-    func admit(owners: [String], _ what: String) throws(BrokerError) {
+    func admit(owners: [Bucket], _ what: String) throws(BrokerError) {
         condition.lock()
         defer { condition.unlock() }
-        try checkRoom(owners, what)
+        try checkOwners(owners, what)
+        try checkTotal(what)
     }
 
     /// Runs `work` on a thread, or refuses with `LimitExceeded` naming the bound that is spent.
     /// `what` says what the work is for, in that message.
-    func start(owners: [String], _ what: String, _ work: @escaping @Sendable () -> Void) throws(BrokerError) {
+    func start(owners: [Bucket], _ what: String, _ work: @escaping @Sendable () -> Void) throws(BrokerError) {
         condition.lock()
         defer { condition.unlock() }
-        try checkRoom(owners, what)
+        try checkOwners(owners, what)
+        try checkTotal(what)
         enqueue(owners, work)
     }
 
     /// Under the lock.
-    private func checkRoom(_ owners: [String], _ what: String) throws(BrokerError) {
+    private func checkTotal(_ what: String) throws(BrokerError) {
         let bounds = currentBounds
-        for owner in owners where held(owner) >= bounds.perOwner {
-            throw .limitExceeded(
-                "\(owner) \(owner.hasPrefix("the ") ? "have" : "has") \(held(owner)) descriptor threads busy, the limit "
-                + "(DescriptorThreadsPerApp=\(bounds.perOwner)): a file system its files live on is not answering, so \(what) is refused")
-        }
         guard runningCount + queue.count < bounds.total else {
             throw .limitExceeded(
                 "dragbrokerd has \(runningCount + queue.count) descriptor threads busy, its limit (DescriptorThreadsTotal=\(bounds.total)), so \(what) is refused")
         }
     }
 
+    /// Under the lock.
+    private func checkOwners(_ owners: [Bucket], _ what: String) throws(BrokerError) {
+        let bounds = currentBounds
+        for owner in owners where held(owner) >= bounds.perOwner {
+            throw .limitExceeded(
+                "\(owner.holder) \(held(owner)) descriptor threads busy, the limit "
+                + "(DescriptorThreadsPerApp=\(bounds.perOwner)): a file system its files live on is not answering, so \(what) is refused")
+        }
+    }
+
     /// Runs `work` as soon as its owners and the total have a thread free: for what must
     /// happen, such as closing a descriptor.
-    func eventually(owners: [String], _ work: @escaping @Sendable () -> Void) {
+    func eventually(owners: [Bucket], _ work: @escaping @Sendable () -> Void) {
         condition.lock()
         defer { condition.unlock() }
         enqueue(owners, work)
     }
 
     /// Threads busy and waiting work of `owner`; under the lock.
-    private func held(_ owner: String) -> Int {
+    private func held(_ owner: Bucket) -> Int {
         (running[owner]?.count ?? 0) + queue.count { $0.owners.contains(owner) }
     }
 
-    private func enqueue(_ owners: [String], _ work: @escaping () -> Void) {
+    private func enqueue(_ owners: [Bucket], _ work: @escaping () -> Void) {
         nextID += 1
         queue.append(Job(id: nextID, owners: owners, work: work))
         wake()
@@ -170,7 +177,7 @@ final class BlockingWorkers: @unchecked Sendable {
         defer { condition.unlock() }
         return running.map { owner, jobs in
             Usage(owner: owner, busy: jobs.count, oldestFor: now - (jobs.values.min() ?? now))
-        }.sorted { ($0.oldestFor, $0.owner) > ($1.oldestFor, $1.owner) }
+        }.sorted { ($0.oldestFor, $0.owner.description) > ($1.oldestFor, $1.owner.description) }
     }
 
     /// Threads made so far (each lives on, idle, once its work is done), and those busy now.

@@ -24,7 +24,7 @@ final class ClientDescriptors {
     /// Messages whose descriptor numbers a worker is still pointing elsewhere.
     private var held: [UInt64: Message] = [:]
     /// Sent messages waiting for sd-bus to write them out before their numbers are retired.
-    private var unwritten: [(message: Message, number: Int32, owners: [String])] = []
+    private var unwritten: [(message: Message, number: Int32, owners: [Bucket])] = []
     private var writeCheck: LoopTimer?
     private var nextKey: UInt64 = 0
 
@@ -34,11 +34,11 @@ final class ClientDescriptors {
         loop = bus.loop
     }
 
-    /// Takes the descriptor at `number` out of `message` on a worker of `owner`'s, runs
+    /// Takes the descriptor at `number` out of `message` on a worker of its owners', runs
     /// `examine` on it there, and hands its result to `then` on the loop. Refused with
     /// `LimitExceeded` when the owners' threads are spent; the descriptor is then closed as soon
     /// as a thread is free.
-    func take<Result: Sendable>(_ number: Int32, from message: Message, owners: [String], for what: String,
+    func take<Result: Sendable>(_ number: Int32, from message: Message, owners: [Bucket], for what: String,
                                 examine: @escaping @Sendable (FileDescriptor?) -> Result,
                                 then: @escaping (Result) -> Void) throws(BrokerError) {
         if Self.isInMemory(number) {
@@ -63,14 +63,14 @@ final class ClientDescriptors {
     }
 
     /// Closes a descriptor the daemon is done with, on a worker unless it is in memory.
-    func close(_ descriptor: FileDescriptor, owners: [String]) {
+    func close(_ descriptor: FileDescriptor, owners: [Bucket]) {
         if Self.isInMemory(descriptor.rawValue) { return descriptor.closeQuietly() }
         workers.eventually(owners: owners) { descriptor.closeQuietly() }
     }
 
     /// `message` was just sent carrying a client's descriptor at `number`: once sd-bus has
     /// written it out (the receiver's copy is then in the socket), a worker retires the number.
-    func retire(sent message: Message, number: Int32, owners: [String]) {
+    func retire(sent message: Message, number: Int32, owners: [Bucket]) {
         guard !Self.isInMemory(number) else { return }
         unwritten.append((message, number, owners))
         retireWritten()
@@ -104,7 +104,7 @@ final class ClientDescriptors {
 
     /// Points the held message's number at /dev/null on a worker, closing the client's file
     /// there, then lets the message go on the loop.
-    private func retire(_ key: UInt64, number: Int32, owners: [String]) {
+    private func retire(_ key: UInt64, number: Int32, owners: [Bucket]) {
         let loop = loop
         let bound = LoopBound(self, loop: loop)
         workers.eventually(owners: owners) {

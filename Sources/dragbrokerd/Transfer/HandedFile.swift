@@ -8,6 +8,9 @@ import SystemCalls
 /// Runs on a worker (`BlockingWorkers`), where every call here may wait on a client's file
 /// system; for a file in memory, on the loop (`ClientDescriptors`).
 enum HandedFile {
+    /// What a file handover is, in a refusal for want of a descriptor thread.
+    static let work = "the handover of a file from it"
+
     /// The descriptor the destination receives, and the file's size; or why the handover is
     /// refused. `handed` is consumed either way.
     ///

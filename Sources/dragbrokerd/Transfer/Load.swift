@@ -16,7 +16,7 @@ struct LoadSource {
     /// Where the source's descriptors are taken, examined and closed, off the loop.
     let descriptors: ClientDescriptors
     /// Whose threads the source's descriptors use: its buckets (`AppIdentity.buckets`).
-    var owners: [String] { app.buckets.map(\.description) }
+    var owners: [Bucket] { app.buckets }
 
     /// A handed-over file may be reopened (its own offset) only with the source's own
     /// credentials: the daemon's, when they are the same user's.
@@ -267,7 +267,7 @@ final class Load {
         let descriptors = source.descriptors
         let owners = source.owners
         do {
-            try descriptors.take(number, from: message, owners: owners, for: "the handover of a file from it",
+            try descriptors.take(number, from: message, owners: owners, for: HandedFile.work,
                                  examine: { HandedFile.examine($0, reopen: reopen) }) { [weak self] result in
                 guard let self, phase != .finished, let answer else {
                     if case .success(let (file, _)) = result { descriptors.close(file, owners: owners) }
