@@ -97,6 +97,21 @@ final class FairShareTests: XCTestCase {
         XCTAssertNoThrow(try sandboxed.begin(spec))
     }
 
+    /// `LoadsTotal=` bounds every app's loads together; `GetUsage` counts them, for administrators only.
+    func testLoadsTotalBoundsEveryAppAndUsageCountsThem() throws {
+        let world = try World { _ in "[Limits]\nLoadsTotal=3\n" }
+        let source = try world.peer("hostile"), destination = try world.peer("hostile")
+        try holdLoads(3, source: source, destination: destination)
+        let other = try world.peer("other-destination")
+        try dropped(silent, source: source, destination: other)
+        XCTAssertEqual(other.run("load 0 application/x-silent"),
+                       err(.limitExceeded, "dragbrokerd has 3 loads in flight, its limit (LoadsTotal=3)"))
+        XCTAssertEqual(other.run("usage"), "OK 2 3 0")
+        let sandboxed = try world.peer("sandboxed", sandbox: .flatpak(appID: "org.example.Sandboxed"))
+        XCTAssertEqual(sandboxed.run("usage"), err(.accessDenied,
+            "Only root or the user dragbrokerd runs as may read what every app holds, from outside any sandbox"))
+    }
+
     /// Started with a soft descriptor limit below its hard one, the daemon raises it; all loads
     /// together are bounded by what its limit allows, less a reserve to answer, record and refuse.
     func testTheDescriptorLimitIsRaisedAndBoundsEveryLoad() throws {

@@ -177,6 +177,25 @@ final class StallingFileSystemTests: XCTestCase {
         XCTAssertEqual(answer, "OK \(Self.content.utf8.count) readonly \(Data(Self.content.utf8).base64EncodedString())")
     }
 
+    /// Past `DescriptorThreadsTotal=` stuck threads, every app's file loads that need a thread
+    /// are refused; a file in memory needs none and still moves.
+    func testStuckThreadsAreBoundedInTotal() throws {
+        let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=1\nDescriptorThreadsTotal=1\n" }
+        let fuse = try StallFS(in: world.directory)
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        try dropped(#"{"type":"text/plain","kind":"file","file":"path:\#(fuse.file)"}"#, source: source, destination: destination)
+        try fuse.stall(["getattr"], pid: world.daemon.process.processIdentifier)
+        XCTAssertEqual(destination.run("loadfile 0 text/plain"), err(.timeout, "The source produced nothing within 1 s (first-byte deadline)"))
+
+        let sandboxedSource = try world.peer("sandboxed-source", sandbox: .flatpak(appID: "org.example.Source"))
+        let sandboxed = try world.peer("sandboxed-destination", sandbox: .flatpak(appID: "org.example.Viewer"))
+        try dropped(#"{"type":"text/plain","kind":"file","file":"readonly","text":"on disk"},{"type":"image/png","kind":"file","file":"memfd","text":"sealed"}"#,
+                    source: sandboxedSource, destination: sandboxed)
+        XCTAssertEqual(sandboxed.run("loadfile 0 text/plain"), err(.limitExceeded,
+            "dragbrokerd has 1 descriptor threads busy, its limit (DescriptorThreadsTotal=1), so the handover of a file from it is refused"))
+        XCTAssertEqual(sandboxed.run("loadfile 0 image/png"), "OK 6 readonly \(Data("sealed".utf8).base64EncodedString())")
+    }
+
     private func descriptors(of pid: pid_t) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").map { fd in
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(fd)")) ?? "?"

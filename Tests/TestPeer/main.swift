@@ -115,6 +115,9 @@ final class Peer: Sendable {
             case "load":
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
                 return "OK \(data.count) \(data.base64EncodedString())"
+            case "usage":
+                let usage = try await connection.usage()
+                return "OK \(usage.sessions) \(usage.loads) \(usage.threadsBusy)"
             case "spawnloads":
                 // Starts `count` data loads at once and answers at once; each prints
                 // `LOADED <answer>` when it ends, so a test can hold many loads in flight.

@@ -66,14 +66,14 @@ final class BlockingWorkers: @unchecked Sendable {
         }
     }
 
-    /// Refuses, as `start` would, work of `owners` that could not have a thread now: a file
-    /// handover checks this before the source is even asked, so few answers arrive that could
-    /// not be taken.
+    /// Refuses, as `start` would, work of owners whose own threads are all stuck: a file
+    /// handover checks this before the source is even asked, so an app whose file system stalls
+    /// cannot pile up answers that could not be taken. The total is checked by `start` alone:
+    /// what the answer holds may be a file in memory, which needs no thread.
     func admit(owners: [Bucket], _ what: String) throws(BrokerError) {
         condition.lock()
         defer { condition.unlock() }
         try checkOwners(owners, what)
-        try checkTotal(what)
     }
 
     /// Runs `work` on a thread, or refuses with `LimitExceeded` naming the bound that is spent.
@@ -82,17 +82,12 @@ final class BlockingWorkers: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         try checkOwners(owners, what)
-        try checkTotal(what)
-        enqueue(owners, work)
-    }
-
-    /// Under the lock.
-    private func checkTotal(_ what: String) throws(BrokerError) {
         let bounds = currentBounds
         guard runningCount + queue.count < bounds.total else {
             throw .limitExceeded(
                 "dragbrokerd has \(runningCount + queue.count) descriptor threads busy, its limit (DescriptorThreadsTotal=\(bounds.total)), so \(what) is refused")
         }
+        enqueue(owners, work)
     }
 
     /// Under the lock.
