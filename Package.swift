@@ -49,7 +49,7 @@ let package = Package(
         ),
         .target(
             name: "TransferLog",
-            dependencies: [.product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["SystemCalls", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .target(name: "BrokerPolicy"),
         .target(

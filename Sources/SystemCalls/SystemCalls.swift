@@ -82,11 +82,37 @@ extension FileDescriptor {
 
 /// What fstat(2) says about a descriptor, as far as this project asks.
 public struct FileStatus: Sendable, Equatable {
-    public enum Kind: Sendable, Equatable { case regular, directory, socket, fifo, other }
+    public enum Kind: Sendable, Equatable { case regular, directory, socket, fifo, symbolicLink, other }
     public var kind: Kind
     public var size: UInt64
     public var device: UInt64
     public var inode: UInt64
+    public var owner: UInt32 = 0
+    /// The permission bits, set-ID and sticky bits included (st_mode & 07777).
+    public var permissions: UInt32 = 0
+    /// Blocks the file has on disk, in 512-byte units: fewer than its size needs means holes.
+    public var blocks: UInt64 = 0
+
+    init(_ info: Glibc.stat) {
+        kind = switch info.st_mode & S_IFMT {
+        case S_IFREG: .regular
+        case S_IFDIR: .directory
+        case S_IFSOCK: .socket
+        case S_IFIFO: .fifo
+        case S_IFLNK: .symbolicLink
+        default: .other
+        }
+        size = UInt64(max(0, info.st_size))
+        device = UInt64(info.st_dev)
+        inode = UInt64(info.st_ino)
+        owner = info.st_uid
+        permissions = info.st_mode & 0o7777
+        blocks = UInt64(max(0, info.st_blocks))
+    }
+
+    /// Whether a user other than the owner may change what is in it.
+    public var writableByOthers: Bool { permissions & 0o022 != 0 }
+    public var sticky: Bool { permissions & 0o1000 != 0 }
 }
 
 /// What an open file description permits, from its status flags.
@@ -120,14 +146,7 @@ extension FileDescriptor {
     public func status() throws(Errno) -> FileStatus {
         var info = Glibc.stat()
         _ = try valueOrErrno { Glibc.fstat(rawValue, &info) }
-        let kind: FileStatus.Kind = switch info.st_mode & S_IFMT {
-        case S_IFREG: .regular
-        case S_IFDIR: .directory
-        case S_IFSOCK: .socket
-        case S_IFIFO: .fifo
-        default: .other
-        }
-        return FileStatus(kind: kind, size: UInt64(max(0, info.st_size)), device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+        return FileStatus(info)
     }
 
     /// fcntl(F_GETFL) & O_ACCMODE: whether the descriptor was opened for reading only.
@@ -203,6 +222,123 @@ extension FileDescriptor {
 }
 
 // MARK: Files that outlive the process
+
+/// A directory held open, whose entries are reached through it and never through a symbolic
+/// link: what replaces a path between a check and an open cannot redirect the open.
+extension FileDescriptor {
+    /// open(2) of a directory with O_NOFOLLOW: fails with ELOOP (or ENOTDIR) when `path` itself
+    /// is a symbolic link.
+    public static func openDirectory(_ path: String) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { Glibc.open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) })
+    }
+
+    /// fstatat(2) of an entry of this directory, without following a link; nil when there is none.
+    public func entryStatus(_ name: String) throws(Errno) -> FileStatus? {
+        var info = Glibc.stat()
+        do {
+            _ = try valueOrErrno { Glibc.fstatat(rawValue, name, &info, AT_SYMLINK_NOFOLLOW) }
+        } catch .noSuchFileOrDirectory {
+            return nil
+        }
+        return FileStatus(info)
+    }
+
+    /// openat(2) of an entry of this directory with O_NOFOLLOW (ELOOP on a link), read-write or
+    /// read-only; `create` makes it 0600 when missing, `exclusive` only if missing.
+    public func openEntry(_ name: String, readOnly: Bool = false, create: Bool = false, exclusive: Bool = false) throws(Errno) -> FileDescriptor {
+        var flags = (readOnly ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_CLOEXEC
+        if create { flags |= O_CREAT }
+        if exclusive { flags |= O_EXCL }
+        return FileDescriptor(rawValue: try valueOrErrno { Glibc.openat(rawValue, name, flags, 0o600) })
+    }
+
+    /// openat(2) of a directory entry of this directory with O_NOFOLLOW.
+    public func openEntryDirectory(_ name: String) throws(Errno) -> FileDescriptor {
+        FileDescriptor(rawValue: try valueOrErrno { Glibc.openat(rawValue, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) })
+    }
+
+    /// mkdirat(2), 0700; true when made, false when an entry of that name was there.
+    public func makeDirectory(_ name: String) throws(Errno) -> Bool {
+        do {
+            _ = try valueOrErrno { Glibc.mkdirat(rawValue, name, 0o700) }
+            return true
+        } catch .fileExists {
+            return false
+        }
+    }
+
+    /// renameat(2) within this directory, replacing `to`.
+    public func renameEntry(_ from: String, to: String) throws(Errno) {
+        _ = try valueOrErrno { Glibc.renameat(rawValue, from, rawValue, to) }
+    }
+
+    /// unlinkat(2); a missing entry is not an error.
+    public func removeEntry(_ name: String) throws(Errno) {
+        do {
+            _ = try valueOrErrno { Glibc.unlinkat(rawValue, name, 0) }
+        } catch .noSuchFileOrDirectory {}
+    }
+
+    /// fchmod(2): through the descriptor, so never through a link.
+    public func setPermissions(_ mode: UInt32) throws(Errno) {
+        _ = try valueOrErrno { Glibc.fchmod(rawValue, mode_t(mode)) }
+    }
+
+    /// fsync(2): the file's data and metadata (for a directory, its entries) are on disk.
+    public func synchronize() throws(Errno) {
+        _ = try valueOrErrno { Glibc.fsync(rawValue) }
+    }
+
+    /// fdatasync(2): the file's data, and the metadata needed to read it back, are on disk.
+    public func synchronizeData() throws(Errno) {
+        _ = try valueOrErrno { Glibc.fdatasync(rawValue) }
+    }
+
+    /// ftruncate(2).
+    public func truncate(to size: Int64) throws(Errno) {
+        _ = try valueOrErrno { Glibc.ftruncate(rawValue, off_t(size)) }
+    }
+
+    /// pread(2) until `buffer` is full or the file ends; returns the bytes read. Never faults
+    /// the way a mapping of a hole on a full file system does (SIGBUS): a read meets an error.
+    public func readFully(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws(Errno) -> Int {
+        var done = 0
+        while done < buffer.count {
+            let count = try valueOrErrno { Glibc.pread(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done)) }
+            if count == 0 { break }
+            done += count
+        }
+        return done
+    }
+
+    /// pwrite(2) of every byte at `offset`.
+    public func writeFully(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(Errno) {
+        var done = 0
+        while done < bytes.count {
+            done += try valueOrErrno { Glibc.pwrite(rawValue, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done)) }
+        }
+    }
+}
+
+extension Kernel {
+    /// lstat(2): the entry at `path` itself, a link not followed; nil when there is none.
+    public static func entryStatus(_ path: String) throws(Errno) -> FileStatus? {
+        var info = Glibc.stat()
+        do {
+            _ = try valueOrErrno { Glibc.lstat(path, &info) }
+        } catch .noSuchFileOrDirectory {
+            return nil
+        }
+        return FileStatus(info)
+    }
+
+    /// realpath(3): `path` with every link, `.` and `..` resolved.
+    public static func resolvedPath(_ path: String) throws(Errno) -> String {
+        guard let resolved = Glibc.realpath(path, nil) else { throw Errno(rawValue: linux_errno()) }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+}
 
 extension FileDescriptor {
     /// open(2) read-write, created 0600 if missing, close-on-exec.

@@ -1,6 +1,8 @@
 import Dispatch
 import Foundation
 import GRDB
+import Synchronization
+import SystemCalls
 
 /// Records SQLite refused outright (a constraint, a value it cannot store): retrying cannot
 /// help, so they are dropped, reported, and counted into the log as a gap.
@@ -97,10 +99,22 @@ final class BatchWriter: @unchecked Sendable {
     private var lastError: (any Error)?
     private var checkpointRunning = false
 
-    init(pool: DatabasePool, checkpointer: DatabaseQueue? = nil, capacity: Int, onEvent: (@Sendable (TransferLogEvent) -> Void)?) {
+    /// Syncs the WAL at most `syncDelay` after a commit left it unsynced (group commit); nil
+    /// leaves syncing to SQLite's checkpoints.
+    private let durability: WriteAheadSync?
+    private let syncQueue = DispatchQueue(label: "dragbroker.transferlog.sync")
+    /// A commit since the last sync began: the WAL holds what a power cut would take.
+    private var syncScheduled = false
+    /// The durability contract is "at most the last second": a commit waits at most this long
+    /// for its sync, and the sync itself takes the rest.
+    static let syncDelay: TimeInterval = 0.25
+
+    init(pool: DatabasePool, checkpointer: DatabaseQueue? = nil, durability: WriteAheadSync? = nil, capacity: Int,
+         onEvent: (@Sendable (TransferLogEvent) -> Void)?) {
         precondition(capacity > 0, "transfer log queue capacity must be positive")
         self.pool = pool
         self.checkpointer = checkpointer
+        self.durability = durability
         self.capacity = capacity
         self.onEvent = onEvent
     }
@@ -168,6 +182,17 @@ final class BatchWriter: @unchecked Sendable {
         queue.sync { drain() }
     }
 
+    /// Writes what waits, then makes every committed record durable: the WAL synced, then
+    /// copied into the database (a checkpoint, which syncs it too) as far as readers allow.
+    /// For a clean stop, after which nothing may be lost.
+    func close() throws {
+        flush()
+        try queue.sync {
+            try durability?.sync()
+            _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+        }
+    }
+
     /// Runs `body` on the writer's queue, after the attempts already queued: those at every
     /// entry submitted before it, unless writes are failing and entries wait for a retry.
     func perform(_ body: @escaping @Sendable () -> Void) {
@@ -227,6 +252,7 @@ final class BatchWriter: @unchecked Sendable {
             defer { failingSince = nil }
             return failingSince.map { Date().timeIntervalSince($0) }
         }
+        scheduleSync()
         if let recovered { onEvent?(.writesRecovered(written: batch.count, after: recovered)) }
         for gap in gaps { onEvent?(.gapRecorded(gap)) }
         for submission in batch { submission.committed?(true) }
@@ -285,6 +311,7 @@ final class BatchWriter: @unchecked Sendable {
         }
         // A checkpoint SQLite refuses is superseded by the load's end anyway.
         for mark in marks.values { try? pool.write { try mark.writeCheckpoint($0) } }
+        scheduleSync()
         if rejected > 0 {
             let failure = TransferLogWriteFailure(underlying: firstRejection ?? batchError, droppedEntries: rejected)
             lock.withLock { lastError = failure }
@@ -324,6 +351,28 @@ final class BatchWriter: @unchecked Sendable {
             self.queue.async {
                 _ = try? self.pool.writeWithoutTransaction { try $0.checkpoint(.passive) }
                 self.lock.withLock { self.checkpointRunning = false }
+            }
+        }
+    }
+
+    /// Group commit: the first commit after a sync arms the next one, which covers every
+    /// commit made before it starts; a drag never waits for it.
+    private func scheduleSync() {
+        guard let durability else { return }
+        let arm: Bool = lock.withLock {
+            defer { syncScheduled = true }
+            return !syncScheduled
+        }
+        guard arm else { return }
+        // Weakly: a log closed meanwhile had SQLite checkpoint (and sync) it as it closed.
+        syncQueue.asyncAfter(deadline: .now() + Self.syncDelay) { [weak self] in
+            guard let self else { return }
+            // Commits from here on need a sync of their own.
+            lock.withLock { syncScheduled = false }
+            do {
+                try durability.sync()
+            } catch {
+                lock.withLock { lastError = error }
             }
         }
     }
@@ -400,5 +449,43 @@ extension LoadRecord {
             """).execute(arguments: [sessionID, loadID, sourceApp, destinationApp, typeIdentifier, bytes,
                                      MicrosecondTimestamp.microseconds(startedAt), MicrosecondTimestamp.microseconds(endedAt),
                                      LoadRecord.open, nil, sourceTeam, destinationTeam])
+    }
+}
+
+/// The WAL's own descriptor, to sync it without a checkpoint: SQLite's `synchronous=NORMAL`
+/// (GRDB's choice for a pool) syncs the WAL only when it checkpoints, and `FULL` would sync
+/// at every commit, which a load waiting for its start record (fail-closed) would wait for.
+/// Reopened when SQLite made a new WAL file.
+final class WriteAheadSync: Sendable {
+    private let directory: StateDirectory
+    private let walName: String
+    private let file = Mutex<(descriptor: FileDescriptor, inode: UInt64)?>(nil)
+
+    /// Opens the WAL now, when there is one, so the descriptor is held from the start.
+    init(directory: StateDirectory, walName: String) {
+        self.directory = directory
+        self.walName = walName
+        try? reopenIfReplaced()
+    }
+
+    private func reopenIfReplaced() throws {
+        try file.withLock { open in
+            guard let entry = try directory.checkEntry(walName) else { return }
+            guard open?.inode != entry.inode else { return }
+            open?.descriptor.closeQuietly()
+            open = nil
+            let descriptor = try directory.descriptor.openEntry(walName, readOnly: true)
+            open = (descriptor, try descriptor.status().inode)
+        }
+    }
+
+    deinit {
+        file.withLock { $0?.descriptor.closeQuietly() }
+    }
+
+    /// fdatasync of the WAL as it is now; nothing when there is none yet.
+    func sync() throws {
+        try reopenIfReplaced()
+        try file.withLock { try $0?.descriptor.synchronizeData() }
     }
 }

@@ -174,8 +174,14 @@ extension MicrosecondDatedRecord {
 /// do not round-trip exactly; integer microseconds since 1970 do both and sort
 /// numerically.
 public enum MicrosecondTimestamp {
+    /// Clamped to Int64's range (NaN to 0): a date read from a damaged file must not trap.
     public static func microseconds(_ date: Date) -> Int64 {
-        Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+        let value = (date.timeIntervalSince1970 * 1_000_000).rounded()
+        guard !value.isNaN else { return 0 }
+        // Int64.max is not a Double: 2^63 is the first value past it.
+        guard value < 9_223_372_036_854_775_808.0 else { return .max }
+        guard value >= -9_223_372_036_854_775_808.0 else { return .min }
+        return Int64(value)
     }
 
     public static func date(_ microseconds: Int64) -> Date {

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import SystemCalls
 
 public enum TransferLogError: Error, Equatable, CustomStringConvertible {
     case missingDatabase(path: String)
@@ -10,6 +11,8 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
     /// The log's directory or one of its files could not be created or made private
     /// (`call` failed with `errno`).
     case notPrivate(path: String, call: String, errno: Int32)
+    /// A newer version of dragbroker wrote the log: it has migrations this one does not know.
+    case newerSchema(path: String, unknownMigrations: [String])
 
     public var description: String {
         switch self {
@@ -21,6 +24,12 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
             "the transfer log was opened read-only"
         case .notPrivate(let path, let call, let errno):
             "cannot keep \(path) private: \(call) failed: \(String(cString: strerror(errno)))"
+        case .newerSchema(let path, let unknown):
+            """
+            \(path) was written by a newer version of dragbroker (it has the migration\(unknown.count == 1 ? "" : "s") \
+            \(unknown.joined(separator: ", ")), which this version does not know); it was left untouched. Run the newer \
+            version, or move the file aside to start a new log
+            """
         }
     }
 }
@@ -40,7 +49,20 @@ public final class TransferLog: Sendable {
     /// Nil for read-only logs.
     private let writer: BatchWriter?
 
-    /// Opens (creating if needed) the log for writing and migrates it.
+    /// Opens (creating if needed) the log for writing in the state directory that holds
+    /// `path`, and migrates it; see `init(directory:queueCapacity:onEvent:)`.
+    public convenience init(
+        path: String,
+        queueCapacity: Int = TransferLog.defaultQueueCapacity,
+        onEvent: (@Sendable (TransferLogEvent) -> Void)? = nil
+    ) throws {
+        let directory = try StateDirectory(path: (path as NSString).deletingLastPathComponent)
+        precondition((path as NSString).lastPathComponent == Self.fileName, "the log is \(Self.fileName) in its directory")
+        try self.init(directory: directory, queueCapacity: queueCapacity, onEvent: onEvent)
+    }
+
+    /// Opens (creating if needed) the log for writing and migrates it. A log that a newer
+    /// version wrote is refused before anything is written to it.
     ///
     /// - Parameters:
     ///   - queueCapacity: records kept in memory while they cannot be written; past it, new
@@ -48,12 +70,23 @@ public final class TransferLog: Sendable {
     ///   - onEvent: called on the writer's queue, never on the submitter's; it must not call
     ///     `flush()`.
     public convenience init(
-        path: String,
+        directory: StateDirectory,
         queueCapacity: Int = TransferLog.defaultQueueCapacity,
         onEvent: (@Sendable (TransferLogEvent) -> Void)? = nil
     ) throws {
-        // Session history reveals which apps the user works with: keep it private.
-        try Self.createPrivately(path: path)
+        // Session history reveals which apps the user works with: keep it private. SQLite opens
+        // its files by path and follows links, so each is checked first: the directory is the
+        // daemon's own (StateDirectory), so no one else can put a link there afterwards.
+        let path = directory.pathOf(Self.fileName)
+        for suffix in ["-wal", "-shm", "-journal"] { try directory.tighten(Self.fileName + suffix) }
+        let database = try directory.openFile(Self.fileName)
+        let isNew = (try? database.status().size) == 0
+        database.closeQuietly()
+        if isNew {
+            try directory.synchronize()
+        } else {
+            try Self.refuseNewerSchema(path: path)
+        }
         var config = Configuration()
         // Only the writer queue ever waits here, never the bus loop, so waiting
         // out a concurrent checkpoint beats dropping a batch.
@@ -65,45 +98,21 @@ public final class TransferLog: Sendable {
         var checkpointing = Configuration()
         checkpointing.busyMode = .timeout(5)
         let checkpointer = try DatabaseQueue(path: path, configuration: checkpointing)
-        self.init(pool: pool, writer: BatchWriter(pool: pool, checkpointer: checkpointer, capacity: queueCapacity, onEvent: onEvent))
+        let durability = WriteAheadSync(directory: directory, walName: Self.fileName + "-wal")
+        self.init(pool: pool, writer: BatchWriter(pool: pool, checkpointer: checkpointer, durability: durability,
+                                                  capacity: queueCapacity, onEvent: onEvent))
     }
 
-    /// Makes the log's missing directories 0700 and its files 0600, whatever the process umask.
-    ///
-    /// Why no umask: SQLite's unix VFS creates the database file with 0644 less the umask, but
-    /// its -wal, -shm and -journal files with the database file's own mode, and fchmods each
-    /// new one to exactly that mode whatever the umask (`findCreateFileMode`, `robust_open`,
-    /// `unixOpenSharedMemory`). So creating the database file 0600 before SQLite first opens it
-    /// covers every file SQLite creates later too, such as the -wal it recreates when the log is
-    /// reopened after its last connection closed, in any process that opens the log, without
-    /// changing a process-wide setting that every other file the process creates would inherit.
-    /// Files an older version left readable by others are tightened here. Directories that
-    /// already exist are left alone: `--state-directory` may name one that is not only ours.
-    /// Mode 0700/0600 at mkdir/open time leaves no moment when a permissive umask lets others in;
-    /// the chmod after it only restores owner bits a strange umask (say 0o200) took away.
-    static func createPrivately(path: String) throws {
-        func check(_ result: Int32, _ call: String, _ target: String, allowing allowed: Int32? = nil) throws {
-            guard result != 0 else { return }
-            let error = errno
-            if error == allowed { return }
-            throw TransferLogError.notPrivate(path: target, call: call, errno: error)
+    /// Reads which migrations the log has through a read-only connection, so a log this
+    /// version cannot know is never written, not even its journal mode.
+    static func refuseNewerSchema(path: String) throws {
+        var config = Configuration()
+        config.readonly = true
+        let applied = try DatabaseQueue(path: path, configuration: config).read { db in
+            try Schema.migrator.appliedIdentifiers(db)
         }
-        var missing: [String] = []
-        var directory = (path as NSString).deletingLastPathComponent
-        while !directory.isEmpty, directory != "/", !FileManager.default.fileExists(atPath: directory) {
-            missing.append(directory)
-            directory = (directory as NSString).deletingLastPathComponent
-        }
-        for directory in missing.reversed() {
-            try check(mkdir(directory, 0o700), "mkdir", directory, allowing: EEXIST)
-            try check(chmod(directory, 0o700), "chmod", directory)
-        }
-        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        if descriptor >= 0 { close(descriptor) } else { try check(-1, "open", path, allowing: EEXIST) }
-        try check(chmod(path, 0o600), "chmod", path)
-        for suffix in ["-wal", "-shm", "-journal"] {
-            try check(chmod(path + suffix, 0o600), "chmod", path + suffix, allowing: ENOENT)
-        }
+        let unknown = applied.subtracting(Schema.migrator.migrations).sorted()
+        guard unknown.isEmpty else { throw TransferLogError.newerSchema(path: path, unknownMigrations: unknown) }
     }
 
     /// Opens an existing log for reading only, as `dragctl log` does while the
@@ -163,6 +172,12 @@ public final class TransferLog: Sendable {
     /// (and `onEvent` was told). Do not call from the bus event loop.
     public func flush() {
         writer?.flush()
+    }
+
+    /// For a clean stop: writes everything submitted, syncs it and checkpoints the WAL into the
+    /// database, so nothing committed can be lost; the log can still be read afterwards.
+    public func close() throws {
+        try writer?.close()
     }
 
     /// Whether the last attempt to write failed and records wait for a retry.
@@ -260,8 +275,14 @@ public final class TransferLog: Sendable {
     /// `closeOpenRecords(errorName:inFlight:)` on the writer's queue, reported there.
     public func closeOpenRecords(errorName: String, inFlight: [InFlight],
                                  then report: @escaping @Sendable (Result<Recovery, any Error>) -> Void) {
+        onWriterQueue({ try self.closeOpenRecords(errorName: errorName, inFlight: inFlight) }, then: report)
+    }
+
+    /// Runs `body` on the writer's queue, after every entry submitted before it, and reports
+    /// there; a read-only log reports `TransferLogError.readOnly` at once, on the caller's thread.
+    private func onWriterQueue<T>(_ body: @escaping @Sendable () throws -> T, then report: @escaping @Sendable (Result<T, any Error>) -> Void) {
         guard let writer else { return report(.failure(TransferLogError.readOnly)) }
-        writer.perform { report(Result { try self.closeOpenRecords(errorName: errorName, inFlight: inFlight) }) }
+        writer.perform { report(Result { try body() }) }
     }
 
     // MARK: Reading
@@ -292,35 +313,72 @@ public final class TransferLog: Sendable {
         }
     }
 
+    /// What the log holds of session IDs of the form `<prefix>N`.
+    public struct SessionNumbering: Sendable, Equatable {
+        /// The highest N up to the ceiling asked for; 0 when there is none.
+        public var highest: Int64
+        /// IDs past the ceiling: no daemon hands those out, so they are damage, and ignored.
+        public var outOfRange: Int
+
+        public init(highest: Int64, outOfRange: Int) {
+            self.highest = highest
+            self.outOfRange = outOfRange
+        }
+    }
+
     /// The highest N among session IDs of the form `<prefix>N` in either table, so a restarted
     /// daemon never reuses an ID the log already holds (loads are logged before their session).
-    public func highestSessionNumber(prefix: String) throws -> Int {
+    /// Numbers past `ceiling` (SQLite reads any longer run of digits as its largest integer)
+    /// are counted apart.
+    public func sessionNumbering(prefix: String, ceiling: Int64) throws -> SessionNumbering {
         try pool.read { db in
             let start = prefix.count + 1
             let sql = """
-                SELECT MAX(n) FROM (
+                SELECT COALESCE(MAX(CASE WHEN n <= ? THEN n END), 0), COALESCE(SUM(n > ?), 0) FROM (
                     SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM session WHERE sessionID LIKE ? || '%'
                     UNION ALL
                     SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM load WHERE sessionID LIKE ? || '%')
                 """
-            return try Int.fetchOne(db, sql: sql, arguments: [prefix, prefix]) ?? 0
+            let row = try Row.fetchOne(db, sql: sql, arguments: [ceiling, ceiling, prefix, prefix])
+            let highest: Int64 = row?[0] ?? 0
+            let outOfRange: Int = row?[1] ?? 0
+            return SessionNumbering(highest: max(0, highest), outOfRange: outOfRange)
         }
+    }
+
+    /// The highest session number, as `sessionNumbering(prefix:ceiling:)` without a ceiling.
+    public func highestSessionNumber(prefix: String) throws -> Int {
+        Int(try sessionNumbering(prefix: prefix, ceiling: .max).highest)
+    }
+
+    /// Records that the log is missing `lost` records, for `reason`: a gap from its newest record
+    /// to now. On the writer's queue, after every entry submitted before it.
+    public func recordGap(lost: Int64, reason: String, then report: @escaping @Sendable (Result<GapRecord, any Error>) -> Void) {
+        onWriterQueue({
+            try self.pool.write { db in
+                let newest = try Int64.fetchOne(db, sql: "SELECT MAX(t) FROM (SELECT MAX(endedAt) AS t FROM session UNION ALL SELECT MAX(endedAt) FROM load)")
+                let now = Date()
+                var gap = GapRecord(recordedAt: now, firstLostAt: newest.map(MicrosecondTimestamp.date) ?? now, lastLostAt: now,
+                                    lost: lost, reason: reason)
+                try gap.insert(db)
+                return gap
+            }
+        }, then: report)
     }
 
     /// Deletes records that ended before `cutoff` on the writer's queue, after every entry
     /// submitted before it, and reports how many went there: the caller never waits for SQLite.
     /// A read-only log reports `TransferLogError.readOnly` at once, on the caller's thread.
     public func prune(endedBefore cutoff: Date, then report: @escaping @Sendable (Result<Int, any Error>) -> Void) {
-        guard let writer else { return report(.failure(TransferLogError.readOnly)) }
-        writer.perform { report(Result { try self.prune(endedBefore: cutoff) }) }
+        onWriterQueue({ try self.prune(endedBefore: cutoff) }, then: report)
     }
 
-    /// The highest session number (see `highestSessionNumber(prefix:)`), read and reported on
-    /// the writer's queue after every entry submitted before it; a read-only log has no writer,
-    /// so it reads and reports on the caller's thread.
-    public func highestSessionNumber(prefix: String, then report: @escaping @Sendable (Result<Int, any Error>) -> Void) {
-        guard let writer else { return report(Result { try self.highestSessionNumber(prefix: prefix) }) }
-        writer.perform { report(Result { try self.highestSessionNumber(prefix: prefix) }) }
+    /// `sessionNumbering(prefix:ceiling:)`, read and reported on the writer's queue after every
+    /// entry submitted before it; a read-only log has no writer, so it reads and reports on the
+    /// caller's thread.
+    public func sessionNumbering(prefix: String, ceiling: Int64, then report: @escaping @Sendable (Result<SessionNumbering, any Error>) -> Void) {
+        guard let writer else { return report(Result { try self.sessionNumbering(prefix: prefix, ceiling: ceiling) }) }
+        writer.perform { report(Result { try self.sessionNumbering(prefix: prefix, ceiling: ceiling) }) }
     }
 
     /// Deletes records that ended before `cutoff`; returns how many went. Open records stay,
@@ -453,6 +511,12 @@ public final class TransferLog: Sendable {
 
 extension TransferLog {
     public static let fileName = "transfers.sqlite"
+
+    /// Whether SQLite found the file damaged, or not a database at all.
+    public static func meansDamagedFile(_ error: any Error) -> Bool {
+        guard let error = error as? DatabaseError else { return false }
+        return error.resultCode == .SQLITE_CORRUPT || error.resultCode == .SQLITE_NOTADB
+    }
 
     /// The log's path in a given state directory (`--state-directory`, `$STATE_DIRECTORY`).
     public static func path(inStateDirectory directory: String) -> String {

@@ -39,11 +39,11 @@ final class Daemon {
     var onIdle: (() -> Void)?
 
     init(bus: Bus, transferLog: TransferLog, ledger: InFlightLedger, policy: Policy, policyDirectory: String, types: MimeDatabase,
-         firstSessionNumber: Int, logger: Logger) {
+         sessionNumbers: SessionNumbers, logger: Logger) {
         self.bus = bus
         self.logger = logger
         self.policyDirectory = policyDirectory
-        registry = Registry(policy: policy, types: types, firstSessionNumber: firstSessionNumber)
+        registry = Registry(policy: policy, types: types, sessionNumbers: sessionNumbers)
         audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
         dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger, delayed: DelayedRefusals(loop: bus.loop))
         descriptors = ClientDescriptors(workers: BlockingWorkers(bounds: Limits(policy.limits).descriptorThreads), bus: bus)
@@ -181,7 +181,7 @@ final class Daemon {
         logger.critical("Lost the connection to the bus: recording \(registry.count) session(s) in flight as interrupted and exiting, so the service manager restarts the daemon")
         registry.endAll(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"),
                         outcome: "interrupted", loadOutcome: "interrupted")
-        audit.transferLog.flush()
+        closeState()
     }
 
     /// Ends every session with a reason and flushes the transfer log.
@@ -191,6 +191,21 @@ final class Daemon {
         audit.summarizeSuppressedRefusals()
         dispatcher.delayed.answerAll()
         bus.flush()
-        audit.transferLog.flush()
+        closeState()
+    }
+
+    /// Nothing recorded may be lost once the process exits: the log synced and checkpointed,
+    /// and the session numbers' mark brought back to the last one handed out.
+    private func closeState() {
+        do {
+            try audit.transferLog.close()
+        } catch {
+            logger.error("Failed to sync the transfer log before exiting: \(error); the last second of records may be lost in a power cut")
+        }
+        do {
+            try registry.sessionNumbers.close()
+        } catch {
+            logger.warning("Failed to record the last session ID before exiting: \(error); the next start skips the rest of the reserved block")
+        }
     }
 }

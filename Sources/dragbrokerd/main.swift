@@ -63,16 +63,45 @@ struct Options {
 
     static func fail(_ message: String) -> Never {
         FileHandle.standardError.write(Data("dragbrokerd: \(message)\n\(usage)\n".utf8))
-        exit(2)
+        exit(ExitStatus.usage)
     }
 }
 
-func transferLogPath(_ options: Options) -> String {
+func stateDirectoryPath(_ options: Options) -> String {
     let environment = ProcessInfo.processInfo.environment
     if let directory = options.stateDirectory ?? environment["STATE_DIRECTORY"].flatMap({ $0.split(separator: ":").first.map(String.init) }) {
-        return TransferLog.path(inStateDirectory: directory)
+        return directory
     }
-    return TransferLog.defaultPath(environment: environment)
+    return (TransferLog.defaultPath(environment: environment) as NSString).deletingLastPathComponent
+}
+
+/// How dragbrokerd exits, so a service manager can tell what to do next.
+enum ExitStatus {
+    static let failure: Int32 = 1
+    static let usage: Int32 = 2
+    /// The state on disk cannot be used as it is (unsafe, damaged, or from a newer version):
+    /// starting again cannot help until an administrator acts, so the unit does not restart
+    /// on it (`RestartPreventExitStatus=`). EX_DATAERR in sysexits.h.
+    static let stateUnusable: Int32 = 65
+}
+
+/// Whether a failure to open the state means the files themselves cannot be used, as opposed
+/// to a moment's trouble (a full disk, an I/O error) that a restart may outlast.
+func stateIsUnusable(_ error: any Error) -> Bool {
+    switch error {
+    case let error as StateDirectoryError:
+        if case .unsafe = error { return true }
+        return false
+    case let error as TransferLogError:
+        switch error {
+        case .newerSchema, .unsupportedSchema: return true
+        default: return false
+        }
+    case let error as InFlightLedger.OpenError:
+        return error.stateUnusable
+    default:
+        return TransferLog.meansDamagedFile(error)
+    }
 }
 
 func runDaemon() -> Int32 {
@@ -114,19 +143,43 @@ func runDaemon() -> Int32 {
             return 1
         }
         let loop = try EventLoop()
-        let path = transferLogPath(options)
-        let transferLog = try TransferLog(path: path, queueCapacity: options.auditQueueLimit) { event in
-            AuditSink.log(event, to: Logger(label: "dragbrokerd"))
+        let statePath = stateDirectoryPath(options)
+        let path = TransferLog.path(inStateDirectory: statePath)
+        func refuseToStart(_ what: String, _ error: any Error) -> Int32 {
+            guard stateIsUnusable(error) else {
+                logger.critical("Failed to open \(what): \(error)")
+                return ExitStatus.failure
+            }
+            logger.critical("""
+                Failed to open \(what): \(error). The state on disk cannot be used, so dragbrokerd will not start until it is \
+                fixed (exit status \(ExitStatus.stateUnusable), which its unit does not restart on): fix the ownership and \
+                modes of the state directory \(statePath) and its files, or move the file named aside, then start it again
+                """)
+            return ExitStatus.stateUnusable
+        }
+        let stateDirectory: StateDirectory
+        do {
+            stateDirectory = try StateDirectory(path: statePath)
+        } catch {
+            return refuseToStart("the state directory", error)
         }
         // The ledger's lock makes this daemon the only one on the state directory before
         // anything there is read as left behind by a daemon that died.
         let ledger: InFlightLedger
         do {
-            ledger = try InFlightLedger(directory: (path as NSString).deletingLastPathComponent)
+            ledger = try InFlightLedger(directory: stateDirectory)
         } catch {
-            logger.critical("Failed to open the in-flight ledger: \(error)")
-            return 1
+            return refuseToStart("the in-flight ledger", error)
         }
+        let transferLog: TransferLog
+        do {
+            transferLog = try TransferLog(directory: stateDirectory, queueCapacity: options.auditQueueLimit) { event in
+                AuditSink.log(event, to: Logger(label: "dragbrokerd"))
+            }
+        } catch {
+            return refuseToStart("the transfer log", error)
+        }
+        logOpening(of: ledger, logger: logger)
         // What a daemon that died mid-transfer left open is closed first, as interrupted: every
         // party heard that the broker went away. Nothing of this run is on record yet.
         let leftBehind = ledger.leftBehind()
@@ -144,25 +197,33 @@ func runDaemon() -> Int32 {
                 logger.error("Failed to close the records an unclean exit left open: \(error); they stay open until the next start")
             }
         }
-        // Session IDs continue after the log's highest, read on the log's own queue while the
-        // bus connects; nothing is served before it is known.
-        let highest = Mutex<Result<Int, any Error>>(.success(0))
-        let highestRead = DispatchSemaphore(value: 0)
-        transferLog.highestSessionNumber(prefix: Registry.sessionIDPrefix) { result in
-            highest.withLock { $0 = result }
-            highestRead.signal()
+        // Session IDs continue after every number ever handed out: the log's highest, and the
+        // ledger's marks, read on the log's own queue while the bus connects; nothing is
+        // served before they are known.
+        let numbering = Mutex<Result<TransferLog.SessionNumbering, any Error>>(.success(.init(highest: 0, outOfRange: 0)))
+        let numberingRead = DispatchSemaphore(value: 0)
+        transferLog.sessionNumbering(prefix: Registry.sessionIDPrefix, ceiling: Int64(SessionNumbers.ceiling - 1)) { result in
+            numbering.withLock { $0 = result }
+            numberingRead.signal()
         }
         let address = options.address ?? ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"]
         let bus = try Bus.connect(address: address, loop: loop, description: "dragbrokerd")
-        highestRead.wait()
-        var firstSessionNumber = 1
+        numberingRead.wait()
+        let sessionNumbers: SessionNumbers
         do {
-            firstSessionNumber = try highest.withLock { try $0.get() } + 1
+            sessionNumbers = try startNumbering(after: numbering.withLock { try $0.get() }, ledger: ledger, log: transferLog, logger: logger)
         } catch {
-            logger.warning("Failed to read the last session ID from the transfer log: \(error), numbering from 1")
+            logger.critical("Failed to read the last session ID from the transfer log: \(error)")
+            return ExitStatus.failure
+        }
+        do {
+            try sessionNumbers.prepare()
+        } catch {
+            logger.critical("Failed to record session IDs in \(ledger.path): \(error)")
+            return ExitStatus.failure
         }
         let daemon = Daemon(bus: bus, transferLog: transferLog, ledger: ledger, policy: policy, policyDirectory: options.policyDirectory,
-                            types: MimeDatabase.system, firstSessionNumber: firstSessionNumber, logger: logger)
+                            types: MimeDatabase.system, sessionNumbers: sessionNumbers, logger: logger)
         daemon.registry.descriptorLimit = descriptorLimit
         try daemon.start()
         daemon.applyRetention()
@@ -201,8 +262,57 @@ func runDaemon() -> Int32 {
         return status
     } catch {
         logger.critical("Failed to start: \(error)")
-        return 1
+        return ExitStatus.failure
     }
+}
+
+/// What the ledger was found as, when it was anything but a ledger of this version.
+func logOpening(of ledger: InFlightLedger, logger: Logger) {
+    let opening = ledger.opening
+    if opening.migrated {
+        logger.notice("Moved the in-flight ledger \(ledger.path) to this version's format, keeping its slots")
+    }
+    if let why = opening.damaged {
+        logger.warning("""
+            The in-flight ledger \(ledger.path) could not be trusted (\(why)): kept it as \(InFlightLedger.damagedName) and \
+            started a new one; \(opening.recovered) load(s) left running could still be read from it and will be recorded \
+            as interrupted
+            """)
+    }
+    if opening.unreadableSlots > 0 {
+        logger.warning("""
+            Cleared \(opening.unreadableSlots) slot(s) of the in-flight ledger \(ledger.path) whose contents were out of range: \
+            the loads they stood for, if any, cannot be recorded
+            """)
+    }
+}
+
+/// The first session number of this run, past the log's highest and the ledger's marks; says
+/// what the log lost, and records it as a gap.
+func startNumbering(after log: TransferLog.SessionNumbering, ledger: InFlightLedger, log transferLog: TransferLog,
+                    logger: Logger) -> SessionNumbers {
+    if log.outOfRange > 0 {
+        logger.warning("Ignoring \(log.outOfRange) session ID(s) in the transfer log past s\(SessionNumbers.ceiling - 1), which dragbrokerd never hands out: the log was changed by something else")
+    }
+    var marks: [UInt64] = []
+    for (name, mark) in [("last handed out", ledger.issuedSessionNumber), ("reserved", ledger.reservedSessionNumber)] {
+        if mark < SessionNumbers.ceiling {
+            marks.append(mark)
+        } else {
+            logger.warning("Ignoring the \(name) session number in \(ledger.path), \(mark), which is past any dragbrokerd hands out")
+        }
+    }
+    let highest = UInt64(log.highest)
+    let issued = marks.first ?? 0
+    if issued > highest {
+        let lost = issued - highest
+        let reason = "the log lost \(lost) session(s), s\(highest + 1) to s\(issued), which were handed out but not on disk when the previous daemon stopped (a crash or power cut before they were synced, or a damaged write-ahead log)"
+        logger.warning("The transfer log has no record of \(lost) session(s) after s\(highest), up to s\(issued): \(reason)")
+        transferLog.recordGap(lost: Int64(lost), reason: reason) { [logger] result in
+            if case .failure(let error) = result { logger.error("Failed to record the lost sessions as a gap: \(error)") }
+        }
+    }
+    return SessionNumbers(next: max(highest, marks.max() ?? 0) + 1, reserved: marks.last ?? 0, store: ledger)
 }
 
 exit(runDaemon())

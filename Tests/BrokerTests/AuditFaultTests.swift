@@ -3,87 +3,105 @@ import Foundation
 import TransferLog
 import XCTest
 
-/// The audit trail through the faults an administrator fears: the daemon killed mid-transfer,
-/// a full disk under either FailClosed= setting, and more unwritten records than the daemon
-/// may keep. Real processes, a real private bus, real SQLite files, a real full file system.
-final class AuditFaultTests: XCTestCase {
-    /// A bus and a daemon whose state directory may be a small tmpfs of its own, which the
-    /// test fills as a disk fills and frees again. The daemon can be killed and restarted on
-    /// the same state.
-    final class AuditWorld {
-        let directory: URL
-        let bus: PrivateBus
-        let stateDirectory: URL
-        let policyDirectory: URL
-        private let arguments: [String]
-        private(set) var daemon: Daemon
-        private var mounted = false
+/// A bus and a daemon whose state directory may be a small tmpfs of its own, which the
+/// test fills as a disk fills and frees again. The daemon can be killed and restarted on
+/// the same state.
+final class AuditWorld {
+    let directory: URL
+    let bus: PrivateBus
+    let stateDirectory: URL
+    let policyDirectory: URL
+    private let arguments: [String]
+    private(set) var daemon: Daemon
+    private var mounted = false
 
-        init(policy: String? = nil, smallFileSystem: Bool = false, arguments: [String] = []) throws {
-            directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-audit-\(UUID().uuidString)")
-            stateDirectory = directory.appendingPathComponent("state")
-            policyDirectory = directory.appendingPathComponent("policy")
-            self.arguments = arguments
-            try FileManager.default.createDirectory(at: policyDirectory.appendingPathComponent("dragbroker.conf.d"),
-                                                    withIntermediateDirectories: true)
-            try FileManager.default.createDirectory(at: stateDirectory, withIntermediateDirectories: true)
-            if let policy {
-                try policy.write(to: policyDirectory.appendingPathComponent("dragbroker.conf"), atomically: true, encoding: .utf8)
-            }
-            if smallFileSystem {
-                try Self.run("/bin/mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", stateDirectory.path)
-                mounted = true
-            }
-            bus = try PrivateBus()
-            daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
+    init(policy: String? = nil, smallFileSystem: Bool = false, arguments: [String] = []) throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-audit-\(UUID().uuidString)")
+        stateDirectory = directory.appendingPathComponent("state")
+        policyDirectory = directory.appendingPathComponent("policy")
+        self.arguments = arguments
+        try FileManager.default.createDirectory(at: policyDirectory.appendingPathComponent("dragbroker.conf.d"),
+                                                withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: stateDirectory, withIntermediateDirectories: true)
+        if let policy {
+            try policy.write(to: policyDirectory.appendingPathComponent("dragbroker.conf"), atomically: true, encoding: .utf8)
         }
-
-        /// Stops the daemon with `signal` (SIGKILL: no chance to record anything) and starts a
-        /// new one on the same state directory.
-        func restartDaemon(after signal: Int32) throws {
-            daemon.kill(signal)
-            daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
+        if smallFileSystem {
+            try Self.run("/bin/mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", stateDirectory.path)
+            mounted = true
         }
-
-        func peer(_ app: String) throws -> Peer {
-            try Peer(app: app, in: directory, bus: bus)
-        }
-
-        private var filler: URL { stateDirectory.appendingPathComponent("filler") }
-
-        /// Takes every free block of the state directory's file system.
-        func fill() throws {
-            let descriptor = open(filler.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-            guard descriptor >= 0 else { throw HarnessError("cannot create \(filler.path)") }
-            defer { close(descriptor) }
-            let block = [UInt8](repeating: 0, count: 4096)
-            while write(descriptor, block, block.count) > 0 {}
-            guard errno == ENOSPC else { throw HarnessError("filling stopped with errno \(errno), not ENOSPC") }
-        }
-
-        func free() throws {
-            try FileManager.default.removeItem(at: filler)
-        }
-
-        static func run(_ arguments: String...) throws {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: arguments[0])
-            process.arguments = Array(arguments.dropFirst())
-            try process.run()
-            process.waitUntilExit()
-            guard process.terminationStatus == 0 else { throw HarnessError("\(arguments.joined(separator: " ")) failed") }
-        }
-
-        deinit {
-            daemon.terminate()
-            if mounted { try? Self.run("/bin/umount", "--lazy", stateDirectory.path) }
-            try? FileManager.default.removeItem(at: directory)
-        }
+        bus = try PrivateBus()
+        daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
     }
 
-    static let failClosedMessage =
-        "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)"
+    /// Stops the daemon with `signal` (SIGKILL: no chance to record anything) and starts a
+    /// new one on the same state directory.
+    func restartDaemon(after signal: Int32) throws {
+        daemon.kill(signal)
+        daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
+    }
 
+    /// Stops the daemon with `signal`, for the test to change its state on disk before
+    /// `startDaemon`.
+    func stopDaemon(_ signal: Int32 = SIGTERM) {
+        daemon.kill(signal)
+    }
+
+    func startDaemon() throws {
+        daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
+    }
+
+    /// Starts a daemon that must refuse the state on disk, and waits for it to exit: its exit
+    /// status (nil when a signal ended it) and the line that says why.
+    func refusedStart(saying text: String) throws -> (status: Int32?, line: String?, stderr: String) {
+        let refused = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments,
+                                 waitUntilServing: false)
+        let line = refused.stderr.take { $0.contains(text) }
+        refused.process.waitUntilExit()
+        let status = refused.process.terminationReason == .exit ? refused.process.terminationStatus : nil
+        return (status, line, refused.stderr.text)
+    }
+
+    func peer(_ app: String) throws -> Peer {
+        try Peer(app: app, in: directory, bus: bus)
+    }
+
+    private var filler: URL { stateDirectory.appendingPathComponent("filler") }
+
+    /// Takes every free block of the state directory's file system.
+    func fill() throws {
+        let descriptor = open(filler.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { throw HarnessError("cannot create \(filler.path)") }
+        defer { close(descriptor) }
+        let block = [UInt8](repeating: 0, count: 4096)
+        while write(descriptor, block, block.count) > 0 {}
+        guard errno == ENOSPC else { throw HarnessError("filling stopped with errno \(errno), not ENOSPC") }
+    }
+
+    func free() throws {
+        try FileManager.default.removeItem(at: filler)
+    }
+
+    static func run(_ arguments: String...) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: arguments[0])
+        process.arguments = Array(arguments.dropFirst())
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw HarnessError("\(arguments.joined(separator: " ")) failed") }
+    }
+
+    deinit {
+        daemon.terminate()
+        if mounted { try? Self.run("/bin/umount", "--lazy", stateDirectory.path) }
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+/// Drags for tests of the audit trail, and what they check in its files.
+protocol AuditDrags: XCTestCase {}
+
+extension AuditDrags {
     /// Begins a drag of one text item and drops it on `destination`; returns the session's ID.
     @discardableResult
     func drop(_ text: String, from source: Peer, on destination: Peer) throws -> String {
@@ -106,8 +124,12 @@ final class AuditFaultTests: XCTestCase {
     }
 
     func integrityCheck(_ world: AuditWorld) throws -> [String] {
+        try integrityCheck(world.daemon)
+    }
+
+    func integrityCheck(_ daemon: Daemon) throws -> [String] {
         let sqlite = try Child(executable: URL(fileURLWithPath: "/usr/bin/sqlite3"),
-                               arguments: [world.daemon.transferLogPath, "PRAGMA integrity_check;"], environment: [:])
+                               arguments: [daemon.transferLogPath, "PRAGMA integrity_check;"], environment: [:])
         sqlite.process.waitUntilExit()
         usleep(20_000)
         return sqlite.stdout.all { _ in true }
@@ -116,6 +138,14 @@ final class AuditFaultTests: XCTestCase {
     func lines(_ child: Child, containing text: String) -> Int {
         child.stderr.all { $0.contains(text) }.count
     }
+}
+
+/// The audit trail through the faults an administrator fears: the daemon killed mid-transfer,
+/// a full disk under either FailClosed= setting, and more unwritten records than the daemon
+/// may keep. Real processes, a real private bus, real SQLite files, a real full file system.
+final class AuditFaultTests: XCTestCase, AuditDrags {
+    static let failClosedMessage =
+        "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)"
 
     // MARK: A crash
 
@@ -158,15 +188,16 @@ final class AuditFaultTests: XCTestCase {
         XCTAssertEqual(sessions[0].endedAt, checkpointed.endedAt, "a session lives as long as its load")
         XCTAssertEqual(try integrityCheck(world), ["ok"])
 
-        // The restarted daemon serves drags, numbering on from the log.
+        // The restarted daemon serves drags, numbering on past the block of IDs the killed one
+        // had reserved: whatever it handed out, none comes back.
         let newSource = try world.peer("new-source")
         let newDestination = try world.peer("new-destination")
-        XCTAssertEqual(try drop("after", from: newSource, on: newDestination), "s2")
+        XCTAssertEqual(try drop("after", from: newSource, on: newDestination), "s1025")
         XCTAssertEqual(newDestination.run("load 0 text/plain"), loaded("after"))
         XCTAssertEqual(newDestination.run("conclude"), "OK")
-        let completed = try world.daemon.waitForLog { try $0.sessions().first { $0.sessionID == "s2" && $0.outcome == "completed" } }
+        let completed = try world.daemon.waitForLog { try $0.sessions().first { $0.sessionID == "s1025" && $0.outcome == "completed" } }
         XCTAssertEqual(completed.destinationApp, newDestination.executable.path)
-        XCTAssertEqual(try log.loads(sessionID: "s2").map(\.outcome), ["completed"])
+        XCTAssertEqual(try log.loads(sessionID: "s1025").map(\.outcome), ["completed"])
         XCTAssertEqual(try log.loads(sessionID: "s1").map(\.outcome), ["interrupted"], "closed once, for good")
         withExtendedLifetime((source, destination)) {}
     }

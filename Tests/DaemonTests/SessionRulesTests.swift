@@ -338,7 +338,7 @@ final class SessionRulesTests: XCTestCase {
         var policy = Policy()
         policy.limits.sessionsPerConnection = 2
         policy.limits.sessionsTotal = 3
-        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), firstSessionNumber: 41)
+        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), sessionNumbers: SessionNumbers(next: 41, reserved: 0, store: nil))
         var ended: [String] = []
         registry.onEvent = { session, event in if case .ended = event { ended.append(session.id) } }
         let a = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
@@ -378,7 +378,7 @@ final class SessionRulesTests: XCTestCase {
         policy.limits.sessionsPerConnection = 1000
         policy.limits.sessionsPerApp = 1000
         policy.limits.sessionsPerUser = 1000
-        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), firstSessionNumber: 1)
+        let registry = Registry(policy: policy, types: MimeDatabase(subclasses: [:], aliases: [:]), sessionNumbers: SessionNumbers(next: 1, reserved: 0, store: nil))
         var pending: [() -> Void] = []
         registry.later = { pending.append($0) }
         var ended: [String: String] = [:]
@@ -437,7 +437,7 @@ final class SessionRulesTests: XCTestCase {
     }
 
     func testTheRegistryEndsEachSessionAtItsDeadlineWithOneTimerForAll() throws {
-        let registry = Registry(policy: Policy(), types: Self.types, firstSessionNumber: 1)
+        let registry = Registry(policy: Policy(), types: Self.types, sessionNumbers: SessionNumbers(next: 1, reserved: 0, store: nil))
         var armed: [UInt64] = []
         registry.schedule = { delay, _ in
             armed.append(delay)

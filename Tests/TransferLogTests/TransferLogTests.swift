@@ -31,11 +31,11 @@ final class TransferLogTests: XCTestCase {
     }
 
     /// Holds `log`'s writer queue until the returned semaphore is signalled, so that entries
-    /// submitted meanwhile stay in memory: `highestSessionNumber(prefix:then:)` reports on that
+    /// submitted meanwhile stay in memory: `sessionNumbering(prefix:ceiling:then:)` reports on that
     /// serial queue, and every later drain waits behind the report.
     private func holdWriter(of log: TransferLog) -> DispatchSemaphore {
         let release = DispatchSemaphore(value: 0)
-        log.highestSessionNumber(prefix: "s") { _ in release.wait() }
+        log.sessionNumbering(prefix: "s", ceiling: .max) { _ in release.wait() }
         return release
     }
 
@@ -91,6 +91,10 @@ final class TransferLogTests: XCTestCase {
         log.flush()
         XCTAssertEqual(try log.highestSessionNumber(prefix: "s"), 12)
         XCTAssertEqual(try log.highestSessionNumber(prefix: "x"), 99)
+        // Twenty digits: SQLite reads them as its largest integer, which no daemon hands out.
+        log.submit(.session(session("s99999999999999999999")))
+        log.flush()
+        XCTAssertEqual(try log.sessionNumbering(prefix: "s", ceiling: 1 << 53), .init(highest: 12, outOfRange: 1))
     }
 
     /// The daemon's off-loop forms: retention and the last session number, reported from the
@@ -100,8 +104,8 @@ final class TransferLogTests: XCTestCase {
         log.submit(.session(session("s5")))
         let reported = expectation(description: "both reported")
         reported.expectedFulfillmentCount = 2
-        log.highestSessionNumber(prefix: "s") { result in
-            XCTAssertEqual(try? result.get(), 5, "entries submitted before are written first")
+        log.sessionNumbering(prefix: "s", ceiling: .max) { result in
+            XCTAssertEqual(try? result.get().highest, 5, "entries submitted before are written first")
             reported.fulfill()
         }
         log.prune(endedBefore: Date().addingTimeInterval(86_400)) { result in

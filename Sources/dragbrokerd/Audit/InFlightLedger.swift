@@ -11,8 +11,17 @@ import TransferLog
 /// SQLite had written yet; the next daemon reads what is left (`leftBehind`) and records it as
 /// interrupted. Its bytes and time are brought up to date at each checkpoint.
 ///
+/// Its header says what the file is (magic, version, sizes) and carries the session numbers:
+/// the highest handed out, stored at each session's start, and the highest that may be, synced
+/// before any number past it is handed out, so no ID is ever handed out twice, across crashes
+/// and power cuts alike.
+///
 /// The file also carries the state directory's lock: one daemon per log, so a second one can
 /// never take the first one's running loads for leftovers.
+///
+/// Nothing read from the file is trusted: every slot is checked before it is used, a file that
+/// is not a ledger is moved aside (what could be read from it recovered), and every block is
+/// allocated before it is mapped, so neither a full disk nor a hole can fault (SIGBUS).
 ///
 /// Slots live for the process: claimed and updated on the bus loop, released on the log's
 /// writer queue once the end is on disk; `Mutex` guards the list of free ones.
@@ -25,20 +34,57 @@ final class InFlightLedger: Sendable {
     enum OpenError: Error, CustomStringConvertible {
         case locked(String)
         case system(String, Errno)
+        /// A later version of dragbroker wrote it: its slots cannot be read, nor may it be replaced.
+        case newerVersion(String, UInt32)
+        case unsafe(StateDirectoryError)
 
         var description: String {
             switch self {
             case .locked(let path): "another dragbrokerd is using the state directory (\(path) is locked)"
             case .system(let what, let errno): "\(what): \(errno)"
+            case .newerVersion(let path, let version):
+                "\(path) was written by a newer version of dragbroker (ledger version \(version), this one knows \(InFlightLedger.version)); run that version, or move the file aside"
+            case .unsafe(let error): error.description
+            }
+        }
+
+        /// Whether starting again cannot help: the state on disk has to change first.
+        var stateUnusable: Bool {
+            switch self {
+            case .newerVersion, .unsafe: true
+            case .locked, .system: false
             }
         }
     }
 
+    /// What the daemon found and did at start, for its log.
+    struct Opening {
+        /// Migrated from the headerless format of dragbroker 0.x, its slots kept.
+        var migrated = false
+        /// Not a ledger: moved to `damagedName`; `recovered` loads could still be read from it.
+        var damaged: String?
+        var recovered = 0
+        /// Slots marked in use whose contents could not be trusted: cleared, their loads unknown.
+        var unreadableSlots = 0
+    }
+
     static let fileName = "transfers.inflight"
+    static let damagedName = "transfers.inflight.damaged"
+    private static let newName = "transfers.inflight.new"
+    static let version: UInt32 = 1
+    static let magic = Array("dragbroker-ldgr\n".utf8)
+    /// A page, so every chunk after it is mapped at a page boundary.
+    static let headerSize = 4096
     static let slotSize = 2048
     static let slotsPerChunk = 64
+    static let chunkBytes = slotSize * slotsPerChunk
     /// One slot per load in flight; past this many, loads wait for their start record in SQLite.
     static let maximumSlots = 16_384
+
+    private enum HeaderOffset {
+        static let magic = 0, version = 16, slotSize = 20, headerSize = 24, slotsPerChunk = 28
+        static let issuedSession = 32, reservedSession = 40
+    }
 
     // Slot layout: state, load number, start, last checkpoint, bytes, session start, item
     // count, text length, then the text fields, each ended by a NUL.
@@ -57,55 +103,195 @@ final class InFlightLedger: Sendable {
     static let fieldLimit = 280
     /// Stands for a team the app has not got (nil), which no UTF-8 string can spell.
     private static let noTeam: UInt8 = 0xFF
+    /// The latest time a slot may hold: the end of year 9999, in microseconds.
+    private static let latestTime: Int64 = 253_402_300_799_999_999
 
     let path: String
+    let opening: Opening
+    private let directory: StateDirectory
     private let file: FileDescriptor
+    private let header: SharedMapping
     private struct Slots {
         var chunks: [SharedMapping] = []
         var free: [Int] = []
+        /// Loads of an earlier run not yet on record: in a slot, or recovered from a damaged file.
+        var leftBehind: [(index: Int?, load: TransferLog.InFlight)] = []
     }
     private let slots: Mutex<Slots>
 
     /// Opens (creating if needed) the ledger in `directory` and takes its lock. Slots a dead
     /// daemon left running are kept as left behind until `forget` says they are on record.
-    init(directory: String) throws(OpenError) {
-        path = (directory as NSString).appendingPathComponent(Self.fileName)
+    init(directory: StateDirectory) throws(OpenError) {
+        self.directory = directory
+        path = directory.pathOf(Self.fileName)
+        var file: FileDescriptor
         do {
-            file = try FileDescriptor.openPrivately(path)
+            file = try directory.openFile(Self.fileName)
         } catch {
-            throw .system("cannot open \(path)", error)
+            throw .unsafe(error)
         }
-        var state = Slots()
+        var opening = Opening()
+        var contents: [UInt8]
         do {
             guard try file.lockExclusively() else {
                 file.closeQuietly()
                 throw OpenError.locked(path)
             }
-            let size = try file.status().size
-            let chunkBytes = Self.slotSize * Self.slotsPerChunk
-            for chunk in 0..<min(Int(size) / chunkBytes, Self.maximumSlots / Self.slotsPerChunk) {
-                state.chunks.append(try SharedMapping(file, offset: Int64(chunk * chunkBytes), count: chunkBytes))
-            }
+            // Read, never mapped, until it is known to be whole: a read of a hole meets an
+            // error where a mapping of it faults.
+            let size = Int(min(try file.status().size, UInt64(Self.headerSize + Self.maximumSlots * Self.slotSize)))
+            contents = [UInt8](repeating: 0, count: size)
+            let read = try contents.withUnsafeMutableBytes { buffer throws(Errno) in try file.readFully(into: buffer, at: 0) }
+            contents.removeSubrange(read...)
         } catch let error as OpenError {
             throw error
         } catch {
             file.closeQuietly()
-            throw .system("cannot map \(path)", error as? Errno ?? .ioError)
+            throw .system("cannot read \(path)", error as? Errno ?? .ioError)
         }
-        let total = state.chunks.count * Self.slotsPerChunk
-        for index in (0..<total).reversed() {
-            let base = Self.base(of: index, in: state.chunks)
-            switch SlotState(rawValue: base.load(fromByteOffset: Offset.state, as: UInt32.self)) {
-            case .running?, .leftBehind?:
-                base.storeBytes(of: SlotState.leftBehind.rawValue, toByteOffset: Offset.state, as: UInt32.self)
-            case .free?:
-                state.free.append(index)
-            case nil:
-                // Not a slot this daemon wrote: neither trust it nor reuse it.
-                break
+        var recovered: [TransferLog.InFlight] = []
+        do {
+            switch try Self.format(of: contents, path: path) {
+            case .current:
+                contents.removeFirst(Self.headerSize)
+            case .empty:
+                file = try Self.replace(file, in: directory, slots: [], keepingAs: nil)
+            case .headerless:
+                // Chunks past the last slot in use hold nothing to keep (and may be holes).
+                let inUse = stride(from: 0, to: contents.count, by: Self.slotSize).reversed().first { offset in
+                    contents.withUnsafeBytes { $0.load(fromByteOffset: offset, as: UInt32.self) } != SlotState.free.rawValue
+                }
+                contents = inUse.map { Array(contents[..<(($0 / Self.chunkBytes + 1) * Self.chunkBytes)]) } ?? []
+                file = try Self.replace(file, in: directory, slots: contents, keepingAs: nil)
+                opening.migrated = true
+            case .damaged(let why):
+                recovered = Self.recoverable(in: contents)
+                file = try Self.replace(file, in: directory, slots: [], keepingAs: Self.damagedName)
+                opening.damaged = why
+                opening.recovered = recovered.count
+                contents = []
+            }
+        } catch let error as OpenError {
+            file.closeQuietly()
+            throw error
+        } catch {
+            file.closeQuietly()
+            throw .system("cannot rewrite \(path)", error as? Errno ?? .ioError)
+        }
+        var state = Slots()
+        state.leftBehind = recovered.map { (nil, $0) }
+        let chunkCount = min(contents.count / Self.chunkBytes, Self.maximumSlots / Self.slotsPerChunk)
+        do {
+            // Every block the mappings cover belongs to the file before anything is mapped.
+            try file.reserve(offset: 0, length: Int64(Self.headerSize + chunkCount * Self.chunkBytes))
+            header = try SharedMapping(file, offset: 0, count: Self.headerSize)
+            for chunk in 0..<chunkCount {
+                state.chunks.append(try SharedMapping(file, offset: Int64(Self.headerSize + chunk * Self.chunkBytes), count: Self.chunkBytes))
+            }
+        } catch {
+            file.closeQuietly()
+            throw .system("cannot allocate and map \(path)", error)
+        }
+        self.file = file
+        contents.withUnsafeBytes { bytes in
+            for index in (0..<chunkCount * Self.slotsPerChunk).reversed() {
+                let copy = bytes.baseAddress! + index * Self.slotSize
+                let base = Self.base(of: index, in: state.chunks)
+                switch SlotState(rawValue: copy.load(fromByteOffset: Offset.state, as: UInt32.self)) {
+                case .running?, .leftBehind?:
+                    if let load = Self.read(copy) {
+                        base.storeBytes(of: SlotState.leftBehind.rawValue, toByteOffset: Offset.state, as: UInt32.self)
+                        state.leftBehind.append((index, load))
+                    } else {
+                        opening.unreadableSlots += 1
+                        base.storeBytes(of: SlotState.free.rawValue, toByteOffset: Offset.state, as: UInt32.self)
+                        state.free.append(index)
+                    }
+                case .free?:
+                    state.free.append(index)
+                case nil:
+                    opening.unreadableSlots += 1
+                    base.storeBytes(of: SlotState.free.rawValue, toByteOffset: Offset.state, as: UInt32.self)
+                    state.free.append(index)
+                }
             }
         }
+        state.leftBehind.reverse()
+        self.opening = opening
         slots = Mutex(state)
+    }
+
+    private enum Format {
+        case empty, current, headerless
+        case damaged(String)
+    }
+
+    private static func format(of contents: [UInt8], path: String) throws(OpenError) -> Format {
+        guard !contents.isEmpty else { return .empty }
+        func field(_ offset: Int) -> UInt32 {
+            contents.withUnsafeBytes { $0.load(fromByteOffset: offset, as: UInt32.self) }
+        }
+        if contents.count >= headerSize, Array(contents[..<magic.count]) == magic {
+            let version = field(HeaderOffset.version)
+            guard version <= Self.version else { throw .newerVersion(path, version) }
+            guard version == Self.version, field(HeaderOffset.slotSize) == UInt32(slotSize),
+                  field(HeaderOffset.headerSize) == UInt32(headerSize), field(HeaderOffset.slotsPerChunk) == UInt32(slotsPerChunk) else {
+                return .damaged("its header names a version \(version) layout this version does not write")
+            }
+            return .current
+        }
+        // dragbroker 0.x wrote no header: whole chunks of slots, each starting with a state.
+        guard contents.count % chunkBytes == 0 else {
+            return .damaged("it has no ledger header, and its size (\(contents.count) bytes) is not a whole number of slot chunks")
+        }
+        let states = stride(from: 0, to: contents.count, by: slotSize).map(field)
+        guard states.allSatisfy({ SlotState(rawValue: $0) != nil }) else {
+            return .damaged("it has no ledger header, and not every slot holds a known state")
+        }
+        return .headerless
+    }
+
+    /// What can be read from a file that is not a ledger, taken as headerless slots: a load
+    /// only when everything in its slot is in range.
+    private static func recoverable(in contents: [UInt8]) -> [TransferLog.InFlight] {
+        contents.withUnsafeBytes { bytes in
+            stride(from: 0, through: bytes.count - slotSize, by: slotSize).compactMap { offset in
+                let base = bytes.baseAddress! + offset
+                let state = SlotState(rawValue: base.load(fromByteOffset: Offset.state, as: UInt32.self))
+                guard state == .running || state == .leftBehind else { return nil }
+                return read(base)
+            }
+        }
+    }
+
+    /// Writes a new ledger (header, then `slots`) beside the old one, syncs it, and puts it in
+    /// the old one's place, which is kept as `keepingAs` or dropped; the new file is locked
+    /// before it takes the name, so the directory is never without its lock.
+    private static func replace(_ old: FileDescriptor, in directory: StateDirectory, slots: [UInt8], keepingAs: String?) throws -> FileDescriptor {
+        try directory.descriptor.removeEntry(newName)
+        let new = try directory.openFile(newName, exclusive: true)
+        do {
+            guard try new.lockExclusively() else { throw Errno.resourceTemporarilyUnavailable }
+            var header = [UInt8](repeating: 0, count: headerSize)
+            header.replaceSubrange(0..<magic.count, with: magic)
+            header.withUnsafeMutableBytes { bytes in
+                bytes.storeBytes(of: Self.version, toByteOffset: HeaderOffset.version, as: UInt32.self)
+                bytes.storeBytes(of: UInt32(slotSize), toByteOffset: HeaderOffset.slotSize, as: UInt32.self)
+                bytes.storeBytes(of: UInt32(headerSize), toByteOffset: HeaderOffset.headerSize, as: UInt32.self)
+                bytes.storeBytes(of: UInt32(slotsPerChunk), toByteOffset: HeaderOffset.slotsPerChunk, as: UInt32.self)
+            }
+            try header.withUnsafeBytes { try new.writeFully($0, at: 0) }
+            try slots.withUnsafeBytes { try new.writeFully($0, at: Int64(headerSize)) }
+            try new.synchronize()
+            if let keepingAs { try directory.descriptor.renameEntry(fileName, to: keepingAs) }
+            try directory.descriptor.renameEntry(newName, to: fileName)
+            try directory.synchronize()
+        } catch {
+            new.closeQuietly()
+            throw error
+        }
+        old.closeQuietly()
+        return new
     }
 
     deinit {
@@ -125,10 +311,10 @@ final class InFlightLedger: Sendable {
             if state.free.isEmpty {
                 let first = state.chunks.count * Self.slotsPerChunk
                 guard first < Self.maximumSlots else { return nil }
-                let chunkBytes = Self.slotSize * Self.slotsPerChunk
+                let offset = Int64(Self.headerSize + first * Self.slotSize)
                 do {
-                    try file.reserve(offset: Int64(first * Self.slotSize), length: Int64(chunkBytes))
-                    state.chunks.append(try SharedMapping(file, offset: Int64(first * Self.slotSize), count: chunkBytes))
+                    try file.reserve(offset: offset, length: Int64(Self.chunkBytes))
+                    state.chunks.append(try SharedMapping(file, offset: offset, count: Self.chunkBytes))
                 } catch {
                     return nil
                 }
@@ -203,15 +389,7 @@ final class InFlightLedger: Sendable {
     /// The loads a daemon that died was running, as open records ending at their last checkpoint.
     func leftBehind() -> LeftBehind {
         slots.withLock { state in
-            var found = LeftBehind(slots: [], loads: [])
-            for index in 0..<state.chunks.count * Self.slotsPerChunk {
-                let base = Self.base(of: index, in: state.chunks)
-                guard base.load(fromByteOffset: Offset.state, as: UInt32.self) == SlotState.leftBehind.rawValue,
-                      let load = Self.read(base) else { continue }
-                found.slots.append(index)
-                found.loads.append(load)
-            }
-            return found
+            LeftBehind(slots: state.leftBehind.compactMap(\.index), loads: state.leftBehind.map(\.load))
         }
     }
 
@@ -222,15 +400,46 @@ final class InFlightLedger: Sendable {
                 Self.base(of: index, in: state.chunks).storeBytes(of: SlotState.free.rawValue, toByteOffset: Offset.state, as: UInt32.self)
                 state.free.append(index)
             }
+            state.leftBehind = []
         }
     }
 
-    private static func read(_ base: UnsafeMutableRawPointer) -> TransferLog.InFlight? {
+    // MARK: Session numbers
+
+    /// The highest session number handed out, as last stored: exact after a crash of the
+    /// process, and after a power cut at least what was last synced.
+    var issuedSessionNumber: UInt64 {
+        header.base.load(fromByteOffset: HeaderOffset.issuedSession, as: UInt64.self)
+    }
+
+    /// The highest session number that may have been handed out, synced.
+    var reservedSessionNumber: UInt64 {
+        header.base.load(fromByteOffset: HeaderOffset.reservedSession, as: UInt64.self)
+    }
+
+    /// A memory store: in the page cache at once, on disk with the next sync.
+    func recordIssued(_ number: UInt64) {
+        header.base.storeBytes(of: number, toByteOffset: HeaderOffset.issuedSession, as: UInt64.self)
+    }
+
+    /// Numbers up to `number` may be handed out once this returns: it is on disk.
+    func reserve(through number: UInt64) throws(Errno) {
+        try withUnsafeBytes(of: number) { bytes throws(Errno) in try file.writeFully(bytes, at: Int64(HeaderOffset.reservedSession)) }
+        try file.synchronizeData()
+    }
+
+    /// The slot's load when everything in it is in range; nil for anything else.
+    private static func read(_ base: UnsafeRawPointer) -> TransferLog.InFlight? {
         let length = Int(base.load(fromByteOffset: Offset.textLength, as: UInt32.self))
         guard length <= slotSize - Offset.text else { return nil }
         let text = UnsafeRawBufferPointer(start: base + Offset.text, count: length)
+        guard text.last == 0 else { return nil }
         let fields = text.split(separator: 0, omittingEmptySubsequences: false).dropLast().map(Array.init)
-        guard fields.count == 7 else { return nil }
+        guard fields.count == 7, !fields[0].isEmpty, fields.allSatisfy({ $0.count <= fieldLimit }) else { return nil }
+        let times = [Offset.loadStartedAt, Offset.updatedAt, Offset.sessionStartedAt].map { base.load(fromByteOffset: $0, as: Int64.self) }
+        guard times.allSatisfy({ (0...latestTime).contains($0) }), base.load(fromByteOffset: Offset.bytes, as: Int64.self) >= 0 else {
+            return nil
+        }
         let strings = fields.map { String(decoding: $0, as: UTF8.self) }
         let teams = fields[5...].map { $0 == [noTeam] ? nil : String(decoding: $0, as: UTF8.self) }
         let date = { (offset: Int) in MicrosecondTimestamp.date(base.load(fromByteOffset: offset, as: Int64.self)) }

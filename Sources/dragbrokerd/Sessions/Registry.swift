@@ -15,7 +15,8 @@ final class Registry {
     private var byParty: [String: Set<String>] = [:]
     /// How many live sessions each connection began.
     private var sourceCounts: [String: Int] = [:]
-    private var nextSessionNumber: Int
+    /// Each session's ID, handed out once ever.
+    let sessionNumbers: SessionNumbers
     /// What each app and user holds, against the bounds that keep any one from starving the rest.
     private(set) var quota = Quota()
     let identities: IdentityResolver
@@ -26,10 +27,10 @@ final class Registry {
     static let sessionIDPrefix = "s"
     private static let pathPrefix = BrokerNames.sessionPath(id: "")
 
-    init(policy: Policy, types: MimeDatabase, firstSessionNumber: Int) {
+    init(policy: Policy, types: MimeDatabase, sessionNumbers: SessionNumbers) {
         identities = IdentityResolver(policy: policy)
         self.types = types
-        nextSessionNumber = firstSessionNumber
+        self.sessionNumbers = sessionNumbers
     }
 
     var policy: Policy { identities.policy }
@@ -61,8 +62,7 @@ final class Registry {
         try quota.admitSession(of: source, limits)
         var token = try SessionToken.random()
         while byToken[token.selector] != nil { token = try SessionToken.random() }
-        let id = "\(Self.sessionIDPrefix)\(nextSessionNumber)"
-        nextSessionNumber += 1
+        let id = "\(Self.sessionIDPrefix)\(try sessionNumbers.next())"
         let session = Session(id: id, token: token, source: source, providerPath: providerPath, items: items,
                               options: options) { [unowned self] session, event in deliver(session, event) }
         sessions[id] = session

@@ -62,7 +62,7 @@ enum HandedFile {
         case .directory: throw BrokerError(.providerFailed, "The source handed over a directory, not a file")
         case .socket: throw BrokerError(.providerFailed, "The source handed over a socket, not a file")
         case .fifo: throw BrokerError(.providerFailed, "The source handed over a pipe, not a file: use a data representation to stream")
-        case .other: throw BrokerError(.providerFailed, "The source handed over something that is not a regular file")
+        case .symbolicLink, .other: throw BrokerError(.providerFailed, "The source handed over something that is not a regular file")
         }
         if mode == .writeOnly {
             throw BrokerError(.providerFailed, "The source handed over a descriptor open for writing only: open the file read-only, or pass a sealed memfd")
