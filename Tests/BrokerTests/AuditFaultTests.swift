@@ -15,7 +15,15 @@ final class AuditWorld {
     private(set) var daemon: Daemon
     private var mounted = false
 
-    init(policy: String? = nil, smallFileSystem: Bool = false, arguments: [String] = []) throws {
+    /// Where a small state directory lives: tmpfs allocates a page for every fault, ext4 only
+    /// when a block is written, so a hole mapped there can still meet a full disk later.
+    enum SmallFileSystem { case tmpfs, ext4 }
+
+    convenience init(policy: String? = nil, smallFileSystem: Bool = false, arguments: [String] = []) throws {
+        try self.init(policy: policy, small: smallFileSystem ? .tmpfs : nil, arguments: arguments)
+    }
+
+    init(policy: String? = nil, small: SmallFileSystem?, arguments: [String] = []) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-audit-\(UUID().uuidString)")
         stateDirectory = directory.appendingPathComponent("state")
         policyDirectory = directory.appendingPathComponent("policy")
@@ -26,9 +34,20 @@ final class AuditWorld {
         if let policy {
             try policy.write(to: policyDirectory.appendingPathComponent("dragbroker.conf"), atomically: true, encoding: .utf8)
         }
-        if smallFileSystem {
+        switch small {
+        case .tmpfs?:
             try Self.run("/bin/mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", stateDirectory.path)
             mounted = true
+        case .ext4?:
+            let image = directory.appendingPathComponent("state.ext4")
+            XCTAssertTrue(FileManager.default.createFile(atPath: image.path, contents: nil))
+            XCTAssertEqual(truncate(image.path, 8 << 20), 0)
+            try Self.run("/sbin/mkfs.ext4", "-q", "-F", "-m", "0", "-E", "root_owner=0:0", image.path)
+            try Self.run("/bin/mount", "-o", "loop", image.path, stateDirectory.path)
+            XCTAssertEqual(chmod(stateDirectory.path, 0o700), 0)
+            mounted = true
+        case nil:
+            break
         }
         bus = try PrivateBus()
         daemon = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments)
@@ -57,7 +76,10 @@ final class AuditWorld {
         let refused = try Daemon(bus: bus, stateDirectory: stateDirectory, policyDirectory: policyDirectory, arguments: arguments,
                                  waitUntilServing: false)
         let line = refused.stderr.take { $0.contains(text) }
-        refused.process.waitUntilExit()
+        // One that serves instead of refusing must fail the test, not hang it.
+        let deadline = Date().addingTimeInterval(20)
+        while refused.process.isRunning, Date() < deadline { usleep(20_000) }
+        if refused.process.isRunning { refused.kill(SIGKILL) }
         let status = refused.process.terminationReason == .exit ? refused.process.terminationStatus : nil
         return (status, line, refused.stderr.text)
     }

@@ -81,6 +81,12 @@ final class SystemdTests: XCTestCase {
         let unit = prefix.appendingPathComponent("lib/systemd/user/dragbrokerd.service").path
         let output = try run("/usr/bin/systemd-analyze", ["verify", "--user", unit], environment: ["XDG_RUNTIME_DIR": runtime.path])
         XCTAssertEqual(output, "", "systemd-analyze has nothing to say about the unit")
+        // The exit status for state on disk that cannot be used (DamagedStateTests) stops the
+        // restarts, and a start limit stops any other loop.
+        let properties = try String(contentsOfFile: unit, encoding: .utf8).split(separator: "\n").map(String.init)
+        for property in ["RestartPreventExitStatus=65", "Restart=on-failure", "StartLimitIntervalSec=60", "StartLimitBurst=5"] {
+            XCTAssertTrue(properties.contains(property), "the unit sets \(property)")
+        }
         let activation = try String(contentsOfFile: prefix.appendingPathComponent("share/dbus-1/services/org.dragbroker.Broker1.service").path, encoding: .utf8)
         XCTAssertTrue(activation.contains("Exec=\(prefix.path)/bin/dragbrokerd --exit-idle-time 300\n"), activation)
         XCTAssertTrue(activation.contains("SystemdService=dragbrokerd.service\n"))

@@ -422,6 +422,12 @@ final class InFlightLedger: Sendable {
         header.base.storeBytes(of: number, toByteOffset: HeaderOffset.issuedSession, as: UInt64.self)
     }
 
+    /// The header (and every slot) as it is now, on disk: a power cut then leaves at least
+    /// this session number recorded as handed out.
+    func syncIssued() throws(Errno) {
+        try file.synchronizeData()
+    }
+
     /// Numbers up to `number` may be handed out once this returns: it is on disk.
     func reserve(through number: UInt64) throws(Errno) {
         try withUnsafeBytes(of: number) { bytes throws(Errno) in try file.writeFully(bytes, at: Int64(HeaderOffset.reservedSession)) }

@@ -2,6 +2,7 @@ import BrokerProtocol
 import Dispatch
 import Synchronization
 import SystemCalls
+import TransferLog
 
 /// Where session numbers are kept across runs: the in-flight ledger's header.
 protocol SessionNumberStore: Sendable {
@@ -9,6 +10,8 @@ protocol SessionNumberStore: Sendable {
     func recordIssued(_ number: UInt64)
     /// Numbers up to `number` may be handed out once this returns, because it is on disk.
     func reserve(through number: UInt64) throws(Errno)
+    /// Puts the last number recorded on disk.
+    func syncIssued() throws(Errno)
 }
 
 extension InFlightLedger: SessionNumberStore {}
@@ -20,14 +23,19 @@ extension InFlightLedger: SessionNumberStore {}
 /// a whole block faster than one sync.
 final class SessionNumbers: Sendable {
     /// Numbers stay below 2^53, where every JSON and JavaScript client still reads them exactly.
-    static let ceiling: UInt64 = 1 << 53
+    static let ceiling = UInt64(TransferLog.sessionNumberCeiling) + 1
     static let block: UInt64 = 1024
 
     private struct State {
         var next: UInt64
         var reserved: UInt64
         var extending = false
+        var syncScheduled = false
     }
+    /// How soon after a number is handed out it is on disk too: after the transfer log's own
+    /// group commit (250 ms), so after a power cut the number on disk is at least the log's
+    /// highest, and what lies between them is what the log lost.
+    static let syncDelay: Double = 0.5
     private let state: Mutex<State>
     private let store: (any SessionNumberStore)?
     private let extender = DispatchQueue(label: "dragbroker.session-numbers")
@@ -72,6 +80,13 @@ final class SessionNumbers: Sendable {
             if !state.extending, state.reserved - number < Self.block / 2, state.reserved < Self.ceiling - 1 {
                 state.extending = true
                 extend = min(state.reserved + Self.block, Self.ceiling - 1)
+            }
+            if store != nil, !state.syncScheduled {
+                state.syncScheduled = true
+                extender.asyncAfter(deadline: .now() + Self.syncDelay) {
+                    self.state.withLock { $0.syncScheduled = false }
+                    try? self.store?.syncIssued()
+                }
             }
             return (number, extend)
         }
