@@ -172,8 +172,17 @@ enum Orchestrator {
         try "[Audit]\nFailClosed=yes\n".write(to: failClosedDropIn, atomically: false, encoding: .utf8)
         try await connection.reloadPolicy()
         let failClosedFirstByte = try await measurePaired(op: firstByteOp, echo: ping)
+        // Whole drags one after another (begin, present, enter, drop, load, conclude): what the
+        // log's commits cost a user who drags, with FailClosed=yes and then without.
+        progress("(c'') \(dragRateCount) whole drags in a row, FailClosed=yes then =no")
+        let failClosedRate = try await dragRate(world: world, connection: connection)
         try FileManager.default.removeItem(at: failClosedDropIn)
         try await connection.reloadPolicy()
+        let defaultRate = try await dragRate(world: world, connection: connection)
+        let rateLines = ["(c'') whole drags in a row (begin → present → enter → drop → 4 KiB load → conclude), \(dragRateCount) each",
+                         "  FailClosed=yes: \(format(failClosedRate)) drags/s; FailClosed=no: \(format(defaultRate)) drags/s",
+                         "fail_closed_drags_per_second=\(format(failClosedRate))",
+                         "default_drags_per_second=\(format(defaultRate))"]
         // For work on the load path: (d) and (c) only, without the minutes the rest takes.
         if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_FIRST_BYTE_ONLY"] != nil {
             try await drop.conclude()
@@ -181,7 +190,7 @@ enum Orchestrator {
             _ = world.source.waitForExit(timeout: 10)
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
                     "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
-                    "(d) Update", pairLine(update),
+                    "(d) Update", pairLine(update)] + rateLines + [
                     "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
                     "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
                     "update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))"]
@@ -326,6 +335,7 @@ enum Orchestrator {
         report.append(pairLine(firstByte))
         report.append("(c') the same with FailClosed=yes (the source is asked once the load's start record committed)")
         report.append(pairLine(failClosedFirstByte))
+        report += rateLines.prefix(2)
         report.append("(d) proposal Update round trip (after Enter)")
         report.append(pairLine(update))
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
@@ -339,10 +349,34 @@ enum Orchestrator {
         report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
         report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
+        report += rateLines.suffix(2)
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
         report.append(flood.key)
         report += scale.keys
         return report
+    }
+
+    static let dragRateCount = 300
+
+    /// Drags per second, each whole and one at a time, from the source process's item.
+    static func dragRate(world: World, connection: BrokerConnection) async throws -> Double {
+        let start = monotonicNanos()
+        for _ in 0..<dragRateCount {
+            try world.source.send("begin")
+            guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin ") || $0.hasPrefix("ERR") }),
+                  begun.hasPrefix("OK begin ") else {
+                throw BenchError("the source did not begin a drag\n\(world.source.diagnostics())")
+            }
+            let drop = try await connection.presentToken(String(begun.dropFirst("OK begin ".count)))
+            guard try await drop.enter(proposing: .copy) == .copy, try await drop.performDrop() == .copy else {
+                throw BenchError("the drag was not dropped as a copy")
+            }
+            var total = 0
+            for try await chunk in drop.loadStream(item: 0, typeIdentifier: BenchTypes.small) { total += chunk.count }
+            guard total == BenchSizes.small else { throw BenchError("the small load delivered \(total) bytes") }
+            try await drop.conclude()
+        }
+        return Double(dragRateCount) / (Double(monotonicNanos() - start) / 1e9)
     }
 
     static func loadAverage() -> String {

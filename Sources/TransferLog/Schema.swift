@@ -85,6 +85,15 @@ enum Schema {
             }
         }
 
+        migrator.registerMigration("v5-log-state") { db in
+            // What the log must remember after its rows are gone: the highest session number
+            // retention deleted, so the next daemon never numbers below it.
+            try db.create(table: "logState") { t in
+                t.primaryKey("key", .text)
+                t.column("value", .integer).notNull()
+            }
+        }
+
         return migrator
     }()
 }

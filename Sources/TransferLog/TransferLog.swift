@@ -326,22 +326,40 @@ public final class TransferLog: Sendable {
         }
     }
 
-    /// The highest N among session IDs of the form `<prefix>N` in either table, so a restarted
-    /// daemon never reuses an ID the log already holds (loads are logged before their session).
-    /// Numbers past `ceiling` (SQLite reads any longer run of digits as its largest integer)
-    /// are counted apart.
+    /// The prefix of every session ID the daemon hands out (`s1`, `s2`, …).
+    public static let sessionIDPrefix = "s"
+    /// The highest session number any daemon hands out: 2^53 − 1, the largest every JSON and
+    /// JavaScript client reads exactly.
+    public static let sessionNumberCeiling: Int64 = (1 << 53) - 1
+    static let highestPrunedKey = "highestPrunedSessionNumber"
+
+    /// The numbers of session IDs of the form `<prefix>N`, as `n`, from both tables (loads are
+    /// logged before their session); arguments: prefix, then `condition`'s, for each table.
+    static func sessionNumbersSQL(prefix: String = sessionIDPrefix, where condition: String = "1") -> String {
+        let start = prefix.utf8.count + 1
+        return """
+            SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM session WHERE sessionID LIKE ? || '%' AND \(condition)
+            UNION ALL
+            SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM load WHERE sessionID LIKE ? || '%' AND \(condition)
+            """
+    }
+
+    /// The highest N among session IDs of the form `<prefix>N` in either table, or deleted by
+    /// retention, so a restarted daemon never reuses an ID the log holds or held. Numbers past
+    /// `ceiling` (SQLite reads any longer run of digits as its largest integer) are counted apart.
     public func sessionNumbering(prefix: String, ceiling: Int64) throws -> SessionNumbering {
         try pool.read { db in
-            let start = prefix.count + 1
             let sql = """
-                SELECT COALESCE(MAX(CASE WHEN n <= ? THEN n END), 0), COALESCE(SUM(n > ?), 0) FROM (
-                    SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM session WHERE sessionID LIKE ? || '%'
-                    UNION ALL
-                    SELECT CAST(substr(sessionID, \(start)) AS INTEGER) AS n FROM load WHERE sessionID LIKE ? || '%')
+                SELECT COALESCE(MAX(CASE WHEN n <= ? THEN n END), 0), COALESCE(SUM(n > ?), 0) FROM (\(Self.sessionNumbersSQL(prefix: prefix)))
                 """
             let row = try Row.fetchOne(db, sql: sql, arguments: [ceiling, ceiling, prefix, prefix])
-            let highest: Int64 = row?[0] ?? 0
+            var highest: Int64 = row?[0] ?? 0
             let outOfRange: Int = row?[1] ?? 0
+            if prefix == Self.sessionIDPrefix,
+               let pruned = try Int64.fetchOne(db, sql: "SELECT value FROM logState WHERE key = ?", arguments: [Self.highestPrunedKey]),
+               pruned <= ceiling {
+                highest = max(highest, pruned)
+            }
             return SessionNumbering(highest: max(0, highest), outOfRange: outOfRange)
         }
     }
@@ -387,6 +405,14 @@ public final class TransferLog: Sendable {
     public func prune(endedBefore cutoff: Date) throws -> Int {
         let micros = Int64((cutoff.timeIntervalSince1970 * 1_000_000).rounded())
         return try pool.write { db in
+            // The highest number about to go is kept, so numbering never falls back below it.
+            try db.execute(sql: """
+                INSERT INTO logState (key, value)
+                SELECT ?, MAX(n) FROM (\(Self.sessionNumbersSQL(where: "endedAt < ? AND outcome != ?"))) WHERE n <= ?
+                HAVING MAX(n) IS NOT NULL
+                ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)
+                """, arguments: [Self.highestPrunedKey, Self.sessionIDPrefix, micros, SessionRecord.open,
+                                 Self.sessionIDPrefix, micros, LoadRecord.open, Self.sessionNumberCeiling])
             try db.execute(sql: "DELETE FROM session WHERE endedAt < ? AND outcome != ?", arguments: [micros, SessionRecord.open])
             var removed = db.changesCount
             try db.execute(sql: "DELETE FROM load WHERE endedAt < ? AND outcome != ?", arguments: [micros, LoadRecord.open])

@@ -143,7 +143,7 @@ final class TransferLogTests: XCTestCase {
         _ = try TransferLog(path: logPath)
         XCTAssertEqual(
             try strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
-            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams", "v4-write-ahead"])
+            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams", "v4-write-ahead", "v5-log-state"])
     }
 
     func testPruneRemovesOnlyOldRecords() throws {

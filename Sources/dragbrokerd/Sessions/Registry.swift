@@ -3,6 +3,7 @@ import BrokerProtocol
 import BusKit
 import Foundation
 import SystemCalls
+import TransferLog
 import UniformTypes
 
 /// The live sessions, found in one dictionary probe whichever way a call names them: by ID
@@ -24,7 +25,7 @@ final class Registry {
     /// Told of every session event, after the registry has done its own part.
     var onEvent: (Session, SessionEvent) -> Void = { _, _ in }
 
-    static let sessionIDPrefix = "s"
+    static let sessionIDPrefix = TransferLog.sessionIDPrefix
     private static let pathPrefix = BrokerNames.sessionPath(id: "")
 
     init(policy: Policy, types: MimeDatabase, sessionNumbers: SessionNumbers) {
