@@ -58,8 +58,11 @@ final class PowerLossTests: XCTestCase, AuditDrags {
             let process = Process()
             process.executableURL = script
             process.arguments = [repository.appendingPathComponent(".build/lazyfs").path]
+            // The compiler's warnings about LazyFS's own code belong to LazyFS: shown only if the
+            // build fails.
             let output = Pipe()
             process.standardOutput = output
+            process.standardError = output
             do { try process.run() } catch { return .failure(HarnessError("cannot run \(script.path): \(error)")) }
             let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
             process.waitUntilExit()
