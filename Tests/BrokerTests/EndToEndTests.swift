@@ -59,6 +59,28 @@ final class EndToEndTests: XCTestCase {
         XCTAssertLessThanOrEqual(loads[0].startedAt, loads[0].endedAt)
     }
 
+    /// A bystander that read the token (any X11 client can read the selection) presents it and
+    /// calls Enter while the drag is over the real destination: the real drop still succeeds,
+    /// bytes exact, and the bystander's own Exit and Enter change nothing for it.
+    func testABystandersEnterDoesNotBreakTheRealDrop() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let bystander = try world.peer("bystander-app")
+        let (token, path) = try source.begin(Self.helloDrag)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(bystander.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(bystander.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("update copy"), "OK copy")
+        XCTAssertEqual(bystander.run("exit"), "OK")
+        XCTAssertEqual(bystander.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 11 \(Data("hello, drop".utf8).base64EncodedString())")
+        XCTAssertEqual(bystander.run("load 0 text/plain"), err(.accessDenied, "Only the destination that performed the drop may load from session \(path.split(separator: "/").last!)"))
+        XCTAssertEqual(destination.run("conclude"), "OK")
+    }
+
     func testUnknownTokenIsNotFound() throws {
         let world = try World()
         let destination = try world.peer("destination-app")

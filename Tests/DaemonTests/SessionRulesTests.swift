@@ -212,6 +212,36 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(session.operation, .copy, "a dropped session keeps the operation it was dropped with")
     }
 
+    /// On X11 any client can read the token from the selection: a bystander that presents it
+    /// and calls Enter, Update or Exit changes nothing for the destination the drag is over.
+    func testABystandersCallsChangeNothingForTheRealDestination() throws {
+        let (session, _) = makeSession()
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        try session.admit(Self.stranger, limit: 64, flow: Self.noRules)
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: true, flow: Self.noRules), .copy)
+        _ = try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules)
+        XCTAssertEqual(try session.propose(.move, by: Self.teammate, entering: false, flow: Self.noRules), .copy,
+                       "Update still works after another destination's Enter (a move across apps is a copy)")
+        try session.exit(by: Self.stranger)
+        assertRefused(try session.propose(.copy, by: Self.stranger, entering: false, flow: Self.noRules), .wrongState,
+                      "Call Enter before Update: the drag is not over this destination")
+        _ = try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules)
+        XCTAssertEqual(try session.propose(.copy, by: Self.teammate, entering: false, flow: Self.noRules), .copy)
+        XCTAssertEqual(try session.performDrop(by: Self.teammate), .copy, "the real drop succeeds")
+        XCTAssertEqual(session.dropDestination, Self.teammate.uniqueName)
+    }
+
+    /// A destination's own Exit ends its right to drop, whoever entered since.
+    func testADestinationThatExitedCannotDropEvenAfterAnotherEntered() throws {
+        let (session, _) = makeSession()
+        try session.admit(Self.teammate, limit: 64, flow: Self.noRules)
+        try session.admit(Self.stranger, limit: 64, flow: Self.noRules)
+        _ = try session.propose(.copy, by: Self.teammate, entering: true, flow: Self.noRules)
+        try session.exit(by: Self.teammate)
+        _ = try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules)
+        assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Call Enter with a proposal before PerformDrop")
+    }
+
     func testAPartyLeavingEndsWhatDependsOnItAndNothingElse() throws {
         let (session, events) = makeSession()
         try session.admit(Self.stranger, limit: 64, flow: Self.noRules)

@@ -72,6 +72,9 @@ final class Session {
         var identity: AppIdentity
         var proposal: DropOperation = .cancel
         var allowed: DropOperation = .cancel
+        /// Its own Enter, not yet followed by its own Exit: what its Update and PerformDrop
+        /// need, whatever any other destination calls.
+        var entered = false
     }
 
     let id: String
@@ -84,7 +87,9 @@ final class Session {
     private(set) var state: State = .active
     private(set) var operation: DropOperation = .cancel
     private(set) var destinations: [String: Destination] = [:]
-    /// The destination the drag is currently over (entered and not exited).
+    /// The destination that entered last and has not exited: what `dragctl` shows before the
+    /// drop. It decides nothing: each destination's calls depend on its own Enter and Exit
+    /// only, so a bystander that read the token cannot break another's drop.
     private(set) var current: String?
     /// The destination that performed the drop.
     private(set) var dropDestination: String?
@@ -265,9 +270,10 @@ final class Session {
         guard state == .active else {
             throw .wrongState("Session \(id) is \(state.rawValue): proposals are over")
         }
-        if !entering && current != caller.uniqueName {
+        if !entering && !destination.entered {
             throw .wrongState("Call Enter before Update: the drag is not over this destination")
         }
+        destination.entered = true
         destination.proposal = proposal
         destination.allowed = proposal == .cancel || proposal == .forbidden || hasDroppable(for: caller, flow: flow)
             ? allowedOperation(for: proposal, by: caller) : .forbidden
@@ -281,6 +287,7 @@ final class Session {
         guard destinations[caller.uniqueName] != nil else {
             throw .accessDenied("Present the session token with PresentToken before using session \(id)")
         }
+        destinations[caller.uniqueName]?.entered = false
         if current == caller.uniqueName { current = nil }
         report(self, .exited(caller))
     }
@@ -292,7 +299,7 @@ final class Session {
         guard state == .active else {
             throw .wrongState("Session \(id) is \(state.rawValue): it has already been dropped")
         }
-        guard current == caller.uniqueName else {
+        guard destination.entered else {
             throw .wrongState("Call Enter with a proposal before PerformDrop")
         }
         guard destination.allowed == .copy || destination.allowed == .move else {
