@@ -294,16 +294,14 @@ func startNumbering(after log: TransferLog.SessionNumbering, ledger: InFlightLed
     if log.outOfRange > 0 {
         logger.warning("Ignoring \(log.outOfRange) session ID(s) in the transfer log past s\(SessionNumbers.ceiling - 1), which dragbrokerd never hands out: the log was changed by something else")
     }
-    var marks: [UInt64] = []
-    for (name, mark) in [("last handed out", ledger.issuedSessionNumber), ("reserved", ledger.reservedSessionNumber)] {
-        if mark < SessionNumbers.ceiling {
-            marks.append(mark)
-        } else {
-            logger.warning("Ignoring the \(name) session number in \(ledger.path), \(mark), which is past any dragbrokerd hands out")
-        }
+    func inRange(_ mark: UInt64, _ name: String) -> UInt64 {
+        guard mark >= SessionNumbers.ceiling else { return mark }
+        logger.warning("Ignoring the \(name) session number in \(ledger.path), \(mark), which is past any dragbrokerd hands out")
+        return 0
     }
+    let issued = inRange(ledger.issuedSessionNumber, "last handed out")
+    let reserved = inRange(ledger.reservedSessionNumber, "reserved")
     let highest = UInt64(log.highest)
-    let issued = marks.first ?? 0
     if issued > highest {
         let lost = issued - highest
         let reason = "the log lost \(lost) session(s), s\(highest + 1) to s\(issued), which were handed out but not on disk when the previous daemon stopped (a crash or power cut before they were synced, or a damaged write-ahead log)"
@@ -312,7 +310,7 @@ func startNumbering(after log: TransferLog.SessionNumbering, ledger: InFlightLed
             if case .failure(let error) = result { logger.error("Failed to record the lost sessions as a gap: \(error)") }
         }
     }
-    return SessionNumbers(next: max(highest, marks.max() ?? 0) + 1, reserved: marks.last ?? 0, store: ledger)
+    return SessionNumbers(next: max(highest, issued, reserved) + 1, reserved: reserved, store: ledger)
 }
 
 exit(runDaemon())

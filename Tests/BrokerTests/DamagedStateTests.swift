@@ -33,6 +33,26 @@ final class DamagedStateTests: XCTestCase, AuditDrags {
         XCTAssertEqual(try drop("second", from: try world.peer("new-source"), on: try world.peer("new-destination")), "s2")
     }
 
+    /// A ledger header whose last handed-out number is past any a daemon hands out is ignored,
+    /// said, and taken for neither the reservation nor a loss: numbering goes on after the log.
+    func testALastHandedOutNumberOutOfRangeIsIgnoredNotTakenForALoss() throws {
+        let world = try AuditWorld()
+        try drag("one", from: try world.peer("source-app"), to: try world.peer("destination-app"))
+        _ = try world.daemon.waitForLog { try $0.sessions().first }
+        // Killed, so the reservation (s1024) lies past the log's highest (s1).
+        world.stopDaemon(SIGKILL)
+        let handle = try FileHandle(forWritingTo: ledgerURL(world))
+        try handle.seek(toOffset: 32)  // the header's last session number handed out
+        try handle.write(contentsOf: Data(repeating: 0xFF, count: 8))
+        try handle.close()
+        try world.startDaemon()
+        XCTAssertNotNil(world.daemon.stderr.take {
+            $0.contains("Ignoring the last handed out session number in \(ledgerURL(world).path), 18446744073709551615, which is past any dragbrokerd hands out")
+        }, world.daemon.stderr.text)
+        XCTAssertEqual(try drop("two", from: try world.peer("new-source"), on: try world.peer("new-destination")), "s1025")
+        XCTAssertEqual(lines(world.daemon, containing: "The transfer log has no record of"), 0, world.daemon.stderr.text)
+    }
+
     /// Retention that prunes every row once made numbering start again at s1; the numbers
     /// handed out are kept beside the log, so the next one follows them.
     func testRetentionThatPrunesEveryRecordDoesNotRestartNumbering() throws {
