@@ -90,8 +90,6 @@ public struct FileStatus: Sendable, Equatable {
     public var owner: UInt32 = 0
     /// The permission bits, set-ID and sticky bits included (st_mode & 07777).
     public var permissions: UInt32 = 0
-    /// Blocks the file has on disk, in 512-byte units: fewer than its size needs means holes.
-    public var blocks: UInt64 = 0
 
     init(_ info: Glibc.stat) {
         kind = switch info.st_mode & S_IFMT {
@@ -107,7 +105,6 @@ public struct FileStatus: Sendable, Equatable {
         inode = UInt64(info.st_ino)
         owner = info.st_uid
         permissions = info.st_mode & 0o7777
-        blocks = UInt64(max(0, info.st_blocks))
     }
 
     /// Whether a user other than the owner may change what is in it.
@@ -294,11 +291,6 @@ extension FileDescriptor {
         _ = try valueOrErrno { Glibc.fdatasync(rawValue) }
     }
 
-    /// ftruncate(2).
-    public func truncate(to size: Int64) throws(Errno) {
-        _ = try valueOrErrno { Glibc.ftruncate(rawValue, off_t(size)) }
-    }
-
     /// pread(2) until `buffer` is full or the file ends; returns the bytes read. Never faults
     /// the way a mapping of a hole on a full file system does (SIGBUS): a read meets an error.
     public func readFully(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws(Errno) -> Int {
@@ -341,11 +333,6 @@ extension Kernel {
 }
 
 extension FileDescriptor {
-    /// open(2) read-write, created 0600 if missing, close-on-exec.
-    public static func openPrivately(_ path: String) throws(Errno) -> FileDescriptor {
-        FileDescriptor(rawValue: try valueOrErrno { Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) })
-    }
-
     /// flock(LOCK_EX | LOCK_NB): false when another open file description holds the lock. It
     /// is released when every descriptor of this one closes, so also when the process dies.
     public func lockExclusively() throws(Errno) -> Bool {

@@ -8,9 +8,6 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
     case unsupportedSchema(path: String)
     /// A log opened for reading was asked to write.
     case readOnly
-    /// The log's directory or one of its files could not be created or made private
-    /// (`call` failed with `errno`).
-    case notPrivate(path: String, call: String, errno: Int32)
     /// A newer version of dragbroker wrote the log: it has migrations this one does not know.
     case newerSchema(path: String, unknownMigrations: [String])
 
@@ -22,8 +19,6 @@ public enum TransferLogError: Error, Equatable, CustomStringConvertible {
             "\(path) is not a transfer log this version of dragbroker can read"
         case .readOnly:
             "the transfer log was opened read-only"
-        case .notPrivate(let path, let call, let errno):
-            "cannot keep \(path) private: \(call) failed: \(String(cString: strerror(errno)))"
         case .newerSchema(let path, let unknown):
             """
             \(path) was written by a newer version of dragbroker (it has the migration\(unknown.count == 1 ? "" : "s") \
@@ -364,11 +359,6 @@ public final class TransferLog: Sendable {
         }
     }
 
-    /// The highest session number, as `sessionNumbering(prefix:ceiling:)` without a ceiling.
-    public func highestSessionNumber(prefix: String) throws -> Int {
-        Int(try sessionNumbering(prefix: prefix, ceiling: .max).highest)
-    }
-
     /// Records that the log is missing `lost` records, for `reason`: a gap from its newest record
     /// to now. On the writer's queue, after every entry submitted before it.
     public func recordGap(lost: Int64, reason: String, then report: @escaping @Sendable (Result<GapRecord, any Error>) -> Void) {
@@ -395,8 +385,9 @@ public final class TransferLog: Sendable {
     /// entry submitted before it; a read-only log has no writer, so it reads and reports on the
     /// caller's thread.
     public func sessionNumbering(prefix: String, ceiling: Int64, then report: @escaping @Sendable (Result<SessionNumbering, any Error>) -> Void) {
-        guard let writer else { return report(Result { try self.sessionNumbering(prefix: prefix, ceiling: ceiling) }) }
-        writer.perform { report(Result { try self.sessionNumbering(prefix: prefix, ceiling: ceiling) }) }
+        let read: @Sendable () throws -> SessionNumbering = { try self.sessionNumbering(prefix: prefix, ceiling: ceiling) }
+        guard writer != nil else { return report(Result(catching: read)) }
+        onWriterQueue(read, then: report)
     }
 
     /// Deletes records that ended before `cutoff`; returns how many went. Open records stay,

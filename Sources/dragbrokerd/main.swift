@@ -202,7 +202,7 @@ func runDaemon() -> Int32 {
         // served before they are known.
         let numbering = Mutex<Result<TransferLog.SessionNumbering, any Error>>(.success(.init(highest: 0, outOfRange: 0)))
         let numberingRead = DispatchSemaphore(value: 0)
-        transferLog.sessionNumbering(prefix: Registry.sessionIDPrefix, ceiling: Int64(SessionNumbers.ceiling - 1)) { result in
+        transferLog.sessionNumbering(prefix: Registry.sessionIDPrefix, ceiling: TransferLog.sessionNumberCeiling) { result in
             numbering.withLock { $0 = result }
             numberingRead.signal()
         }

@@ -84,13 +84,13 @@ final class TransferLogTests: XCTestCase {
 
     func testHighestSessionNumberCoversBothTablesAndIgnoresOtherPrefixes() throws {
         let log = try TransferLog(path: logPath)
-        XCTAssertEqual(try log.highestSessionNumber(prefix: "s"), 0, "an empty log starts numbering at 1")
+        XCTAssertEqual(try log.sessionNumbering(prefix: "s", ceiling: .max).highest, 0, "an empty log starts numbering at 1")
         log.submit(.session(session("s9")))
         log.submit(.load(load(sessionID: "s12")))  // its session was never recorded: a crash
         log.submit(.session(session("x99")))
         log.flush()
-        XCTAssertEqual(try log.highestSessionNumber(prefix: "s"), 12)
-        XCTAssertEqual(try log.highestSessionNumber(prefix: "x"), 99)
+        XCTAssertEqual(try log.sessionNumbering(prefix: "s", ceiling: .max).highest, 12)
+        XCTAssertEqual(try log.sessionNumbering(prefix: "x", ceiling: .max).highest, 99)
         // Twenty digits: SQLite reads them as its largest integer, which no daemon hands out.
         log.submit(.session(session("s99999999999999999999")))
         log.flush()

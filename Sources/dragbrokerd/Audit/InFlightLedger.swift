@@ -108,7 +108,6 @@ final class InFlightLedger: Sendable {
 
     let path: String
     let opening: Opening
-    private let directory: StateDirectory
     private let file: FileDescriptor
     private let header: SharedMapping
     private struct Slots {
@@ -122,7 +121,6 @@ final class InFlightLedger: Sendable {
     /// Opens (creating if needed) the ledger in `directory` and takes its lock. Slots a dead
     /// daemon left running are kept as left behind until `forget` says they are on record.
     init(directory: StateDirectory) throws(OpenError) {
-        self.directory = directory
         path = directory.pathOf(Self.fileName)
         var file: FileDescriptor
         do {
@@ -197,19 +195,14 @@ final class InFlightLedger: Sendable {
             for index in (0..<chunkCount * Self.slotsPerChunk).reversed() {
                 let copy = bytes.baseAddress! + index * Self.slotSize
                 let base = Self.base(of: index, in: state.chunks)
-                switch SlotState(rawValue: copy.load(fromByteOffset: Offset.state, as: UInt32.self)) {
-                case .running?, .leftBehind?:
-                    if let load = Self.read(copy) {
-                        base.storeBytes(of: SlotState.leftBehind.rawValue, toByteOffset: Offset.state, as: UInt32.self)
-                        state.leftBehind.append((index, load))
-                    } else {
-                        opening.unreadableSlots += 1
-                        base.storeBytes(of: SlotState.free.rawValue, toByteOffset: Offset.state, as: UInt32.self)
-                        state.free.append(index)
-                    }
-                case .free?:
+                let slotState = SlotState(rawValue: copy.load(fromByteOffset: Offset.state, as: UInt32.self))
+                if slotState == .free {
                     state.free.append(index)
-                case nil:
+                } else if slotState != nil, let load = Self.read(copy) {
+                    base.storeBytes(of: SlotState.leftBehind.rawValue, toByteOffset: Offset.state, as: UInt32.self)
+                    state.leftBehind.append((index, load))
+                } else {
+                    // An unknown state, or a load out of range: neither trusted nor lost silently.
                     opening.unreadableSlots += 1
                     base.storeBytes(of: SlotState.free.rawValue, toByteOffset: Offset.state, as: UInt32.self)
                     state.free.append(index)

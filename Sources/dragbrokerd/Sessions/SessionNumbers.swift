@@ -49,13 +49,15 @@ final class SessionNumbers: Sendable {
 
     /// Puts the first block's mark on disk, so the first drag does not wait for it.
     func prepare() throws(Errno) {
-        let through: UInt64? = state.withLock { state in
-            guard state.next > state.reserved, let _ = store else { return nil }
-            return min(state.next + Self.block - 1, Self.ceiling - 1)
-        }
-        guard let through else { return }
+        try state.withLock { state throws(Errno) in try reserveBlockIfSpent(&state) }
+    }
+
+    /// When the next number lies past the mark, puts the mark a block further on disk first.
+    private func reserveBlockIfSpent(_ state: inout State) throws(Errno) {
+        guard state.next > state.reserved else { return }
+        let through = min(state.next + Self.block - 1, Self.ceiling - 1)
         try store?.reserve(through: through)
-        state.withLock { $0.reserved = max($0.reserved, through) }
+        state.reserved = through
     }
 
     /// The next number; fails only when no mark can be put on disk, or the numbers ran out.
@@ -64,15 +66,11 @@ final class SessionNumbers: Sendable {
             guard state.next < Self.ceiling else {
                 throw BrokerError(.failed, "The broker has handed out every session ID it can (up to s\(Self.ceiling - 1))")
             }
-            if state.next > state.reserved {
-                // The block ran out before the next one was on disk: wait for it here.
-                let through = min(state.next + Self.block - 1, Self.ceiling - 1)
-                do {
-                    try store?.reserve(through: through)
-                } catch {
-                    throw BrokerError(.failed, "The broker cannot record session IDs on disk: \(error)")
-                }
-                state.reserved = through
+            // A block that ran out before the next one was on disk is waited for here.
+            do {
+                try reserveBlockIfSpent(&state)
+            } catch {
+                throw BrokerError(.failed, "The broker cannot record session IDs on disk: \(error)")
             }
             let number = state.next
             state.next += 1
