@@ -1,5 +1,6 @@
 import BrokerPolicy
 import BrokerProtocol
+import SystemCalls
 import UniformTypes
 import XCTest
 
@@ -240,6 +241,25 @@ final class SessionRulesTests: XCTestCase {
         try session.exit(by: Self.teammate)
         _ = try session.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules)
         assertRefused(try session.performDrop(by: Self.teammate), .wrongState, "Call Enter with a proposal before PerformDrop")
+    }
+
+    /// A store whose disk is full: no mark can be synced.
+    final class FullDiskStore: SessionNumberStore {
+        func recordIssued(_ number: UInt64) {}
+        func reserve(through number: UInt64) throws(Errno) { throw .noSpace }
+        func syncIssued() throws(Errno) {}
+    }
+
+    /// No number is handed out past a mark that is not on disk: BeginSession is refused.
+    func testNoSessionNumberIsHandedOutWhenItsMarkCannotBeSynced() {
+        let numbers = SessionNumbers(next: 1, reserved: 0, store: FullDiskStore())
+        assertRefused(try numbers.next(), .failed, "The broker cannot record session IDs on disk: \(Errno.noSpace)")
+    }
+
+    func testSessionNumbersStopBelowTheCeilingEveryClientReadsExactly() throws {
+        let numbers = SessionNumbers(next: SessionNumbers.ceiling - 1, reserved: 0, store: nil)
+        XCTAssertEqual(try numbers.next(), 9_007_199_254_740_991)
+        assertRefused(try numbers.next(), .failed, "The broker has handed out every session ID it can (up to s9007199254740991)")
     }
 
     func testAPartyLeavingEndsWhatDependsOnItAndNothingElse() throws {
