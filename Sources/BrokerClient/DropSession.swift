@@ -280,11 +280,7 @@ extension DropSession {
     /// values before it are removed.
     public func loadObjects<T: ItemProviderReading>(ofType type: T.Type) async throws(BrokerError) -> [T] {
         let visible = try await items()
-        var conforming: [[Int]] = []
-        for identifier in T.readableTypeIdentifiers {
-            conforming.append(try await items(conformingTo: identifier))
-        }
-        let chosen = ObjectSelection.representations(readable: T.readableTypeIdentifiers, conforming: conforming, items: visible)
+        let chosen = ObjectSelection.representations(readable: T.readableTypeIdentifiers, items: visible)
         var objects: [T] = []
         var files: [URL] = []
         do {

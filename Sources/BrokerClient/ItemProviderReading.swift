@@ -139,25 +139,17 @@ enum TemporaryItemFile {
 
 /// Which representation of each item a reading type loads.
 enum ObjectSelection {
-    /// `conforming[i]` holds the items the broker says conform to `readable[i]`; the answer
-    /// maps each item that can be read to the type to load. A type the reader names exactly
-    /// wins over one that only conforms, whichever identifier it matched: String reads an
-    /// item's text/plain rather than the text/html listed before it, though HTML is text.
-    /// Otherwise the reader's order decides, then the item's.
-    static func representations(readable: [String], conforming: [[Int]], items: [VisibleItem]) -> [Int: String] {
+    /// Maps each item that can be read to the listed type to load, by the broker's one
+    /// matching rule (`MimeDatabase.select`): the closest match first, so String reads an
+    /// item's text/plain rather than the text/html listed before it, though HTML is text;
+    /// then the reader's order, then the item's. Loading the listed type itself makes the
+    /// broker serve exactly that representation.
+    static func representations(readable: [String], items: [VisibleItem]) -> [Int: String] {
+        let patterns = readable.compactMap { try? TypePattern($0) }
         var chosen: [Int: String] = [:]
-        let canonical = readable.map { (try? TypeIdentifier($0))?.mime }
-        for (position, indices) in conforming.enumerated() {
-            guard let wanted = canonical[position] else { continue }
-            for index in indices where chosen[index] == nil && items.indices.contains(index) {
-                chosen[index] = items[index].typeIdentifiers.first { (try? TypeIdentifier($0))?.mime == wanted }
-            }
-        }
-        for (position, indices) in conforming.enumerated() {
-            for index in indices where chosen[index] == nil && items.indices.contains(index) {
-                chosen[index] = items[index].typeIdentifiers.first { type in
-                    (try? TypeIdentifier(type)).map { MimeDatabase.system.conforms($0, to: readable[position]) } ?? false
-                }
+        for (index, item) in items.enumerated() {
+            if let position = MimeDatabase.system.select(among: item.typeIdentifiers, for: patterns) {
+                chosen[index] = item.typeIdentifiers[position]
             }
         }
         return chosen

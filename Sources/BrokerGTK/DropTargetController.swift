@@ -22,8 +22,10 @@ public final class DropTargetController {
 
     public let connection: BrokerConnection
     public let acceptedTypes: [String]
-    /// The broker's answer to the proposal while the drag is over the widget (`copy`, `move`,
-    /// `forbidden`), and `cancel` when it leaves: for highlighting.
+    /// The broker's answer to the proposal while the drag is over the widget, and `cancel` when
+    /// it leaves: for highlighting. `copy` or `move`: a release drops. `forbidden`: the
+    /// administrator's policy refuses this drop here. `cancel` while over the widget: nothing
+    /// the app handles, as a drop target on iOS that cannot handle the session.
     public var onProposal: ((DropOperation) -> Void)?
     /// The drop happened: these items are about to load; show a placeholder for each.
     public var onItemsIncoming: (([Item]) -> Void)?
@@ -82,7 +84,7 @@ public final class DropTargetController {
         if let hover, hover.drop == drop {
             // Back over the widget during the same drag: propose again if the Exit went out.
             hover.inside = true
-            if hover.exited, let session = hover.session, !hover.items.isEmpty {
+            if hover.exited, let session = hover.session {
                 hover.exited = false
                 Task { await propose(session, in: hover) }
             }
@@ -135,14 +137,15 @@ public final class DropTargetController {
             let session = try await connection.presentToken(token)
             hover.session = session
             let visible = try await session.items()
+            let accepted = acceptedTypes.compactMap { try? TypePattern($0) }
             hover.items = visible.enumerated().compactMap { index, item in
-                item.typeIdentifiers.first(where: accepts).map {
-                    Item(index: index, suggestedName: item.suggestedName, typeIdentifier: $0,
+                MimeDatabase.system.select(among: item.typeIdentifiers, for: accepted).map {
+                    Item(index: index, suggestedName: item.suggestedName, typeIdentifier: item.typeIdentifiers[$0],
                          preferredWidth: item.preferredWidth, preferredHeight: item.preferredHeight)
                 }
             }
-            // Nothing the app can handle: the drop stays refused and the broker hears nothing more.
-            guard !hover.items.isEmpty else { return answer(.forbidden, in: hover) }
+            // With nothing the app can handle it proposes cancel, and the broker's answer says
+            // whether that is all (cancel) or the administrator's policy refused it (forbidden).
             await propose(session, in: hover)
         } catch {
             answer(.forbidden, in: hover)
@@ -151,7 +154,7 @@ public final class DropTargetController {
 
     private func propose(_ session: DropSession, in hover: Hover) async {
         do {
-            answer(try await session.enter(proposing: .copy), in: hover)
+            answer(try await session.enter(proposing: hover.items.isEmpty ? .cancel : .copy), in: hover)
         } catch {
             answer(.forbidden, in: hover)
         }
@@ -165,11 +168,6 @@ public final class DropTargetController {
         gdk_drop_status(hover.drop, operation == .forbidden || operation == .cancel ? GdkDragAction(0) : Self.anyAction,
                         Self.action(operation))
         onProposal?(operation)
-    }
-
-    private func accepts(_ type: String) -> Bool {
-        guard let identifier = try? TypeIdentifier(type) else { return false }
-        return acceptedTypes.contains { MimeDatabase.system.conforms(identifier, to: $0) }
     }
 
     /// PerformDrop, every load at once, Conclude, then GTK's finish with the broker's operation.

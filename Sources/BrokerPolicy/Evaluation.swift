@@ -12,14 +12,20 @@ extension Policy {
         }
     }
 
+    /// The entry that names the app running `path`.
     public func app(forExecutable path: String) -> AppEntry? {
         apps.first { $0.executable == path }
     }
 
-    /// Looks at the registered entry's team as well, so a caller that only knows the app ID
-    /// still sees the team's management.
-    public func isManaged(appID: String, team: String?) -> Bool {
-        let entry = apps.first { $0.appID == appID }
+    /// The entry for an app whose ID came from `source`, if the administrator made one that
+    /// accepts that source.
+    public func app(id: String, from source: AppEntry.Source) -> AppEntry? {
+        apps.first { $0.appID == id && $0.sources.contains(source) }
+    }
+
+    /// Managed by its own entry (the one that matched the app, never another with the same
+    /// ID) or by its team's.
+    public func isManaged(entry: AppEntry?, team: String?) -> Bool {
         if entry?.managed == true { return true }
         return [team, entry?.team].contains { name in
             teams.contains { $0.name == name && $0.managed }

@@ -31,20 +31,39 @@ public struct PolicyError: Error, Equatable, Sendable, CustomStringConvertible {
     public var description: String { "\(file):\(line): \(message)" }
 }
 
-/// One `[App]` section: how the daemon turns a peer's executable into an identity.
+/// One `[App]` section: an app the administrator registered, and which identity sources
+/// it trusts to be that app. An entry with `Executable=` names the app that runs that file
+/// (a path the user cannot write is as strong as its permissions). `Sources=` lists the
+/// sources whose app ID, when it is `AppID=`, gets this entry's team and `Managed=`: the
+/// sandboxes by default when there is no `Executable=`, and a self-chosen systemd unit or
+/// scope name only when listed, because any unsandboxed process can name its own scope.
 public struct AppEntry: Hashable, Sendable {
-    public var executable: String
+    /// An identity source an entry may accept by app ID alone, spelled as `WhoAmI` shows it.
+    public enum Source: String, CaseIterable, Hashable, Sendable {
+        case flatpak
+        case snap
+        case systemdUnit = "systemd-unit"
+    }
+
+    public var executable: String?
     public var appID: String
     public var team: String?
     public var managed: Bool
+    public var sources: Set<Source>
     public var origin: SourceLocation
 
-    public init(executable: String, appID: String, team: String? = nil, managed: Bool = false,
-                origin: SourceLocation) {
+    /// The sources an entry accepts when `Sources=` is not given.
+    public static func defaultSources(executable: String?) -> Set<Source> {
+        executable == nil ? [.flatpak, .snap] : []
+    }
+
+    public init(executable: String?, appID: String, team: String? = nil, managed: Bool = false,
+                sources: Set<Source>? = nil, origin: SourceLocation) {
         self.executable = executable
         self.appID = appID
         self.team = team
         self.managed = managed
+        self.sources = sources ?? Self.defaultSources(executable: executable)
         self.origin = origin
     }
 }

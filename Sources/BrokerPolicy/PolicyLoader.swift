@@ -62,7 +62,7 @@ private enum SectionKind: String, CaseIterable {
 
     var keys: [String] {
         switch self {
-        case .app: ["Executable", "AppID", "Team", "Managed"]
+        case .app: ["Executable", "AppID", "Team", "Managed", "Sources"]
         case .team: ["Name", "Managed"]
         case .flow: ["From", "To", "Types", "LargerThan", "Action"]
         case .limits: PolicyLimits.keys.map(\.name)
@@ -79,6 +79,7 @@ private struct OpenSection {
     var executable, appID, name: Located?
     var team: String?
     var managed = false
+    var sources: Set<AppEntry.Source>?
     var from, to: FlowEndpoint?
     var types: [String] = []
     var largerThan: UInt64?
@@ -188,6 +189,13 @@ private struct Reader {
             s.executable = (try a.parse(Syntax.pathExpected, Syntax.path), a.location)
         case (.app, "AppID"):
             s.appID = (try a.parse(Syntax.identifierExpected, Syntax.identifier), a.location)
+        case (.app, "Sources"):
+            s.sources = try a.value.isEmpty ? nil : Set(a.value.split(whereSeparator: \.isWhitespace).map { word throws(PolicyError) in
+                guard let source = AppEntry.Source(rawValue: String(word)) else {
+                    throw PolicyError(a.location, "invalid value \"\(word)\" in Sources=, expected flatpak, snap or systemd-unit")
+                }
+                return source
+            })
         case (.app, "Team"):
             s.team = try a.value.isEmpty ? nil : a.parse(Syntax.identifierExpected, Syntax.identifier)
         case (.app, "Managed"), (.team, "Managed"):
@@ -230,13 +238,11 @@ private struct Reader {
         section = nil
         switch s.kind {
         case .app:
-            guard let executable = s.executable, let appID = s.appID else {
-                throw s.missing([s.executable == nil ? "Executable" : nil, s.appID == nil ? "AppID" : nil])
-            }
-            try register("Executable", executable)
+            guard let appID = s.appID else { throw s.missing(["AppID"]) }
+            if let executable = s.executable { try register("Executable", executable) }
             try register("AppID", appID)
-            policy.apps.append(AppEntry(executable: executable.text, appID: appID.text, team: s.team,
-                                        managed: s.managed, origin: s.header))
+            policy.apps.append(AppEntry(executable: s.executable?.text, appID: appID.text, team: s.team,
+                                        managed: s.managed, sources: s.sources, origin: s.header))
         case .team:
             guard let name = s.name else { throw s.missing(["Name"]) }
             try register("Name", name)
@@ -356,7 +362,13 @@ extension Policy {
         var lines = ["# Effective dragbroker policy"]
         lines += files.isEmpty ? ["# No configuration files were read: built-in defaults."] : files.map { "# read \($0)" }
         for app in apps {
-            lines += ["", "# from \(app.origin)", "[App]", "Executable=\(app.executable)", "AppID=\(app.appID)"]
+            lines += ["", "# from \(app.origin)", "[App]"]
+            if let executable = app.executable { lines.append("Executable=\(executable)") }
+            lines.append("AppID=\(app.appID)")
+            // Written whenever there are any, so the reader need not know the default.
+            if !app.sources.isEmpty {
+                lines.append("Sources=" + AppEntry.Source.allCases.filter(app.sources.contains).map(\.rawValue).joined(separator: " "))
+            }
             if let team = app.team { lines.append("Team=\(team)") }
             lines.append("Managed=\(Syntax.format(app.managed))")
         }

@@ -82,22 +82,54 @@ public final class MimeDatabase: Sendable {
         return result.filter { $0 != "application/octet-stream" }
     }
 
+    /// Whether a listed type answers a request: `match(_:to:)` is not nil.
     public func conforms(_ type: TypeIdentifier, to pattern: String) -> Bool {
         guard let pattern = try? TypePattern(pattern) else { return false }
+        return match(type, to: pattern) != nil
+    }
+
+    /// How closely the listed type `type` answers `pattern`, or nil when it does not. This is
+    /// the one rule of the product: `ConformingItems` says yes exactly when some listed type
+    /// matches, `Load` serves the closest match (`select`), policy `Types=` applies to a
+    /// representation its patterns match, and the client libraries pick what to load with it.
+    public func match(_ type: TypeIdentifier, to pattern: TypePattern) -> TypeMatch? {
+        // Parameters a request names must be in the listed type: asking for UTF-8 text is not
+        // answered by text of unknown charset. Parameters it leaves out are not constrained.
+        guard pattern.parameters.allSatisfy(type.parameters.contains) else { return nil }
         let essence = canonical(type.essence)
-        guard pattern.parameters.allSatisfy(type.parameters.contains) else { return false }
         switch pattern.kind {
         case .everything:
-            return true
+            return .conforming
         case .majorTypes(let majors):
             // application/octet-stream is left out: every byte stream is one, so counting it
             // would make application/* match images, audio and text alike.
-            return ([essence] + supertypes(of: essence).filter { $0 != "application/octet-stream" })
+            let matches = ([essence] + supertypes(of: essence).filter { $0 != "application/octet-stream" })
                 .contains { majors.contains(majorType($0)) }
+            return matches ? .conforming : nil
         case .exact(let wanted):
             let wanted = canonical(wanted)
-            return wanted == essence || supertypes(of: essence).contains(wanted)
+            if wanted == essence {
+                return pattern.parameters.count == type.parameters.count ? .exact : .parameters
+            }
+            return supertypes(of: essence).contains(wanted) ? .conforming : nil
         }
+    }
+
+    /// Which of `listed` (an item's types, in the order the source listed them) answers
+    /// `patterns` (a request, or a reader's types in its order of preference) best: the
+    /// closest match first, then the earlier pattern, then the earlier listed type. Returns
+    /// the listed type's position. Types that do not parse are skipped.
+    public func select(among listed: [String], for patterns: [TypePattern]) -> Int? {
+        var best: (rank: (TypeMatch, Int, Int), position: Int)?
+        for (position, raw) in listed.enumerated() {
+            guard let type = try? TypeIdentifier(raw) else { continue }
+            for (order, pattern) in patterns.enumerated() {
+                guard let closeness = match(type, to: pattern) else { continue }
+                let rank = (closeness, order, position)
+                if best.map({ rank < $0.rank }) ?? true { best = (rank, position) }
+            }
+        }
+        return best?.position
     }
 
     /// Checks a pattern from a policy file up front, so a typo is reported when the policy
@@ -125,8 +157,11 @@ public final class MimeDatabase: Sendable {
     }
 }
 
-/// A parsed pattern: what a destination or a policy asks for.
-struct TypePattern {
+/// A parsed request: what a destination asks for (`ConformingItems`, `Load`, a reader's
+/// types) or what a policy's `Types=` names. A MIME type with or without parameters, a
+/// wildcard (`image/*`, `*/*`, `*`), or a UTI: a concrete UTI stands for its MIME type
+/// (`public.png` is `image/png`), an abstract one for a family (`public.image` is `image/*`).
+public struct TypePattern: Sendable {
     enum Kind: Sendable {
         case everything
         case majorTypes(Set<String>)
@@ -140,7 +175,7 @@ struct TypePattern {
     static let expected = "expected a MIME type such as image/png, a wildcard such as image/* or */*, "
         + "or a UTI such as public.image"
 
-    init(_ raw: String) throws(TypeIdentifierError) {
+    public init(_ raw: String) throws(TypeIdentifierError) {
         let parsed: MimeSyntax.Input
         do {
             parsed = try MimeSyntax.parse(raw, wildcards: true, expected: Self.expected)
@@ -173,4 +208,18 @@ struct TypePattern {
             : .exact(mime.essence)
         self.init(kind: kind, parameters: mime.parameters)
     }
+}
+
+/// How closely a listed type answers a request, closest first.
+public enum TypeMatch: Int, Comparable, Sendable {
+    /// The same type with the same parameters: `text/plain;charset=utf-8` for itself.
+    case exact
+    /// The same type, carrying parameters the request leaves out: `text/plain;charset=utf-8`
+    /// for `text/plain`.
+    case parameters
+    /// A subtype (`text/x-python` for `text/plain`, by shared-mime-info), a wildcard's
+    /// member, or an abstract UTI's.
+    case conforming
+
+    public static func < (lhs: TypeMatch, rhs: TypeMatch) -> Bool { lhs.rawValue < rhs.rawValue }
 }

@@ -109,15 +109,18 @@ final class BrokerPolicyTests: XCTestCase {
 
         XCTAssertEqual(policy.app(forExecutable: "/opt/corp/bin/crm")?.appID, "com.corp.CRM")
         XCTAssertNil(policy.app(forExecutable: "/usr/bin/unknown"))
-        XCTAssertTrue(policy.isManaged(appID: "com.example.Mail", team: "com.example"))
-        XCTAssertTrue(policy.isManaged(appID: "com.example.Mail", team: nil), "the registry knows its team")
-        XCTAssertTrue(policy.isManaged(appID: "com.example.Other", team: "com.example"))
-        XCTAssertTrue(policy.isManaged(appID: "com.corp.CRM", team: nil))
-        XCTAssertFalse(policy.isManaged(appID: "org.gnome.Notes", team: nil))
+        let mailEntry = policy.app(forExecutable: "/usr/bin/example-mail")
+        XCTAssertTrue(policy.isManaged(entry: mailEntry, team: "com.example"))
+        XCTAssertTrue(policy.isManaged(entry: mailEntry, team: nil), "the entry knows its team")
+        XCTAssertTrue(policy.isManaged(entry: nil, team: "com.example"))
+        XCTAssertTrue(policy.isManaged(entry: policy.app(forExecutable: "/opt/corp/bin/crm"), team: nil))
+        XCTAssertFalse(policy.isManaged(entry: policy.app(forExecutable: "/usr/bin/gnome-notes"), team: nil))
+        XCTAssertNil(policy.app(id: "com.corp.CRM", from: .systemdUnit), "an entry by executable accepts no other source")
+        XCTAssertNil(policy.app(id: "com.corp.CRM", from: .flatpak))
 
         func party(_ appID: String) -> Policy.FlowParty {
-            let team = policy.apps.first { $0.appID == appID }?.team
-            return Policy.FlowParty(appID: appID, team: team, managed: policy.isManaged(appID: appID, team: team))
+            let entry = policy.apps.first { $0.appID == appID }
+            return Policy.FlowParty(appID: appID, team: entry?.team, managed: policy.isManaged(entry: entry, team: entry?.team))
         }
         let mail = party("com.example.Mail"), crm = party("com.corp.CRM"), notes = party("org.gnome.Notes")
 
@@ -393,7 +396,7 @@ final class BrokerPolicyTests: XCTestCase {
         try assertError("[Foo]\n", 1, "unknown section [Foo], expected [App], [Team], [Flow], [Limits] or [Audit]")
         try assertError("[Limits]\n[app]\n", 2, "unknown section [app], expected [App], [Team], [Flow], [Limits] or [Audit]")
         try assertError("[App]\nExecutable=/usr/bin/x\nColor=red\n", 3,
-                        "unknown key \"Color\" in [App], expected Executable=, AppID=, Team= or Managed=")
+                        "unknown key \"Color\" in [App], expected Executable=, AppID=, Team=, Managed= or Sources=")
         try assertError("[Audit]\nRetention=3\n", 2,
                         "unknown key \"Retention\" in [Audit], expected FailClosed= or RetentionDays=")
         try assertError("# no section yet\n\nAppID=com.example.A\n", 3, "key \"AppID\" appears before any [Section] header")
@@ -403,10 +406,47 @@ final class BrokerPolicyTests: XCTestCase {
         try assertError("[App]\n=value\n", 2, "malformed line \"=value\", expected [Section], Key=Value or a comment")
     }
 
+    /// An entry says which identity sources it trusts: by executable, by the sandboxes' app
+    /// ID (the default without Executable=), or by a self-chosen unit name only when listed.
+    func testAnEntryAcceptsTheSourcesItNames() throws {
+        let path = try write("dragbroker.conf", """
+            [App]
+            AppID=org.example.Flat
+
+            [App]
+            AppID=org.example.Scoped
+            Sources=systemd-unit flatpak
+            Team=org.example
+
+            [App]
+            Executable=/usr/bin/mail
+            AppID=com.example.Mail
+            Sources=snap
+
+            [App]
+            AppID=org.example.Reset
+            Sources=systemd-unit
+            Sources=
+            """)
+        let policy = try PolicyLoader.parse(file: path)
+        XCTAssertEqual(policy.apps.map(\.sources), [[.flatpak, .snap], [.systemdUnit, .flatpak], [.snap], [.flatpak, .snap]])
+        XCTAssertEqual(policy.app(id: "org.example.Flat", from: .flatpak)?.origin.line, 1)
+        XCTAssertNil(policy.app(id: "org.example.Flat", from: .systemdUnit), "a scope name is accepted only when listed")
+        XCTAssertEqual(policy.app(id: "org.example.Scoped", from: .systemdUnit)?.team, "org.example")
+        XCTAssertNil(policy.app(id: "com.example.Mail", from: .systemdUnit))
+        XCTAssertEqual(policy.app(id: "com.example.Mail", from: .snap)?.executable, "/usr/bin/mail")
+        XCTAssertEqual(policy.app(forExecutable: "/usr/bin/mail")?.appID, "com.example.Mail")
+
+        try assertError("[App]\nAppID=org.example.A\nSources=flatpak scope\n", 3,
+                        "invalid value \"scope\" in Sources=, expected flatpak, snap or systemd-unit")
+        try assertError("[App]\nAppID=org.example.A\n\n[App]\nAppID=org.example.A\nSources=systemd-unit\n", 5,
+                        "duplicate AppID= \"org.example.A\", first set at \(directory!)/dragbroker.conf:2")
+    }
+
     func testMissingRequiredKeysAreReportedAtTheHeader() throws {
         try assertError("[Flow]\nFrom=any\nTo=any\n", 1, "[Flow] section is missing Action=")
         try assertError("# x\n[Flow]\nAction=deny\n\n[Limits]\n", 2, "[Flow] section is missing From= and To=")
-        try assertError("[App]\nTeam=com.example\n", 1, "[App] section is missing Executable= and AppID=")
+        try assertError("[App]\nTeam=com.example\n", 1, "[App] section is missing AppID=")
         try assertError("[App]\nExecutable=/usr/bin/x\n[App]\n", 1, "[App] section is missing AppID=")
         try assertError("[Team]\nManaged=yes\n", 1, "[Team] section is missing Name=")
     }
@@ -500,6 +540,10 @@ final class BrokerPolicyTests: XCTestCase {
             AppID=com.example.Mail
             Team=com.example
 
+            [App]
+            AppID=com.example.Notes
+            Team=com.example
+
             [Team]
             Name=com.example
             Managed=on
@@ -530,11 +574,18 @@ final class BrokerPolicyTests: XCTestCase {
             Managed=no
 
             # from \(path):6
+            [App]
+            AppID=com.example.Notes
+            Sources=flatpak snap
+            Team=com.example
+            Managed=no
+
+            # from \(path):10
             [Team]
             Name=com.example
             Managed=yes
 
-            # from \(path):10
+            # from \(path):14
             [Flow]
             From=managed
             To=unmanaged
@@ -545,14 +596,14 @@ final class BrokerPolicyTests: XCTestCase {
             [Limits]
             # default
             SessionsPerConnection=16
-            # from \(path):18
+            # from \(path):22
             SessionsTotal=64
             \(Self.renderedDefaultLimitsAfterSessionsTotal)
 
             [Audit]
             # default
             FailClosed=no
-            # from \(path):21
+            # from \(path):25
             RetentionDays=30
 
             """)
@@ -560,8 +611,11 @@ final class BrokerPolicyTests: XCTestCase {
         // What `render()` prints reads back as the same policy.
         let rendered = try write("rendered.conf", policy.render())
         let reread = try PolicyLoader.parse(file: rendered)
-        XCTAssertEqual(reread.apps.map { AppEntry(executable: $0.executable, appID: $0.appID, team: $0.team,
-                                                  managed: $0.managed, origin: at(path, 1)) }, policy.apps)
+        func withoutOrigin(_ apps: [AppEntry]) -> [AppEntry] {
+            apps.map { AppEntry(executable: $0.executable, appID: $0.appID, team: $0.team, managed: $0.managed,
+                                sources: $0.sources, origin: at(path, 1)) }
+        }
+        XCTAssertEqual(withoutOrigin(reread.apps), withoutOrigin(policy.apps))
         XCTAssertEqual(reread.flows.map(\.typePatterns), policy.flows.map(\.typePatterns))
         XCTAssertEqual(reread.flows.map(\.largerThan), policy.flows.map(\.largerThan))
         XCTAssertEqual(reread.teams.map(\.managed), [true])

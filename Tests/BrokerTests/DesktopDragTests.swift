@@ -54,11 +54,11 @@ final class DesktopDragTests: XCTestCase {
         let textBytes = Data(text.utf8).count
         XCTAssertEqual(target.lines(Self.targetSteps), [
             "PRESENTED \(Self.session1)",
-            "ITEMS 0:image/png,1:text/plain;charset=utf-8",
+            "ITEMS 0:image/png,1:text/plain",
             "STATUS copy",
             "DROPPED copy",
             "LOADED 0 image/png 300000 \(try sha256(of: picture))",
-            "LOADED 1 text/plain;charset=utf-8 \(textBytes) \(try sha256(of: textFile))",
+            "LOADED 1 text/plain \(textBytes) \(try sha256(of: textFile))",
             "CONCLUDED",
         ])
         XCTAssertEqual(source.lines(Self.sourceSteps), [
@@ -126,8 +126,9 @@ final class DesktopDragTests: XCTestCase {
 
         try desktop.drag(from: .source, to: .target)
         try expect(source, "ENDED cancel \(Self.cancelled)", on: desktop)
-        // The broker hid the picture, so the target sees no item at all and its copy is
-        // answered forbidden: the toolkit refuses the drop, and the released drag fails.
+        // The broker hid the picture, so the target sees no item at all and, as the page says,
+        // proposes cancel; the broker answers forbidden, because policy is why: the toolkit
+        // refuses the drop, and the released drag fails.
         XCTAssertEqual(target.lines(Self.targetSteps), ["PRESENTED \(Self.session1)", "ITEMS -", "STATUS forbidden"])
         XCTAssertEqual(source.lines(Self.sourceSteps), ["BEGAN \(Self.session1)", "CANCELLED", "ENDED cancel \(Self.cancelled)"])
         XCTAssertEqual(source.lines(["DRAG-FAILED"]), [Self.releasedOverNothing(backend)])

@@ -125,7 +125,7 @@ final class DesktopInteropTests: XCTestCase {
         XCTAssert(source.waitFor("source: the session ended with cancel: org.dragbroker.Broker1.Error.Cancelled: The source cancelled the drag"),
                   "\(source.stdout.text)\n\(desktop.screenshot(named: "swift-flow-denied"))")
         XCTAssertEqual(target.stdout.all { $0.hasPrefix("target: ") }, [
-            "target: nothing here is an image I may see: the drop is refused",
+            "target: the administrator's policy refuses this drop: the drop is refused",
         ])
         let record = try world.daemon.waitForLog { try $0.sessions().first }
         XCTAssertEqual(record.outcome, "cancelled")

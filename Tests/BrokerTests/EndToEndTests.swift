@@ -81,6 +81,52 @@ final class EndToEndTests: XCTestCase {
         XCTAssertEqual(destination.run("conclude"), "OK")
     }
 
+    /// One matching rule for ConformingItems and Load: the exact listed type always works, a
+    /// bare MIME type takes a listed type with parameters (the first listed of two charsets),
+    /// a UTI or a wildcard loads what ConformingItems says yes to, and the closest match wins
+    /// over one listed before it that only conforms.
+    func testLoadServesWhatConformingItemsSaysYesTo() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let drag = #"{"items":[{"name":"note","reps":[{"type":"text/html","text":"<b>x</b>"},"#
+            + #"{"type":"text/plain;charset=iso-8859-1","text":"latin"},{"type":"text/plain;charset=utf-8","text":"utf"}]},"#
+            + #"{"name":"picture","reps":[{"type":"image/png","text":"PNG"}]}]}"#
+        let (token, path) = try source.begin(drag)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("conforming text/plain"), "OK 0")
+        XCTAssertEqual(destination.run("conforming text/plain;charset=utf-8"), "OK 0")
+        XCTAssertEqual(destination.run("conforming text/plain;charset=utf-16"), "OK ")
+        XCTAssertEqual(destination.run("conforming public.png"), "OK 1")
+        XCTAssertEqual(destination.run("conforming public.image"), "OK 1")
+        XCTAssertEqual(destination.run("conforming */*"), "OK 0,1")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+
+        let expectations: [(request: String, bytes: String, served: String)] = [
+            ("text/plain", "latin", "text/plain;charset=iso-8859-1"),
+            ("text/plain;charset=utf-8", "utf", "text/plain;charset=utf-8"),
+            ("TEXT/PLAIN;charset=\"UTF-8\"", "utf", "text/plain;charset=utf-8"),
+            ("public.utf8-plain-text", "utf", "text/plain;charset=utf-8"),
+            ("text/html", "<b>x</b>", "text/html"),
+            ("text/*", "<b>x</b>", "text/html"),
+        ]
+        for (request, bytes, served) in expectations {
+            XCTAssertEqual(destination.run("load 0 \(request)"), "OK \(bytes.utf8.count) \(Data(bytes.utf8).base64EncodedString())", request)
+            XCTAssertTrue(source.waitFor("HANDLER 0 \(served)"), "\(request) is served as \(served)")
+        }
+        for request in ["public.png", "image/*", "public.image"] {
+            XCTAssertEqual(destination.run("load 1 \(request)"), "OK 3 \(Data("PNG".utf8).base64EncodedString())", request)
+            XCTAssertTrue(source.waitFor("HANDLER 1 image/png"), request)
+        }
+        for request in ["image/png", "text/plain;charset=utf-16", "public.image"] {
+            XCTAssertEqual(destination.run("load 0 \(request)"),
+                           err(.notFound, "Item 0 has no representation that matches '\(request)'"), request)
+        }
+        XCTAssertEqual(destination.run("load 0 image/"), err(.invalidArgument, "'image/' is not a type pattern: the subtype after '/' is empty"))
+        XCTAssertEqual(destination.run("conclude"), "OK")
+    }
+
     func testUnknownTokenIsNotFound() throws {
         let world = try World()
         let destination = try world.peer("destination-app")
@@ -146,7 +192,7 @@ final class EndToEndTests: XCTestCase {
         _ = destination.run("drop")
         XCTAssertEqual(destination.run("load 0 image/png"),
                        err(.providerFailed, "The source failed to provide the data: \(BrokerErrorCode.providerFailed.busName): render failed"))
-        XCTAssertEqual(destination.run("load 0 image/gif"), err(.notFound, "Item 0 has no representation of type 'image/gif'"))
+        XCTAssertEqual(destination.run("load 0 image/gif"), err(.notFound, "Item 0 has no representation that matches 'image/gif'"))
         XCTAssertEqual(destination.run("load 3 image/png"), err(.notFound, "No item 3: session s1 has 1 item(s)"))
     }
 

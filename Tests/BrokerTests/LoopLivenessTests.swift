@@ -82,7 +82,7 @@ final class InternalFailureTests: XCTestCase {
 
         // The next load works, and the only refusal on record is one the caller earned.
         XCTAssertEqual(destination.run("load 0 text/html"), "OK 18 \(Data("<p>hello, drop</p>".utf8).base64EncodedString())")
-        XCTAssertEqual(destination.run("load 0 image/png"), err(.notFound, "Item 0 has no representation of type 'image/png'"))
+        XCTAssertEqual(destination.run("load 0 image/png"), err(.notFound, "Item 0 has no representation that matches 'image/png'"))
         let refusals = try world.daemon.waitForLog { log -> [String]? in
             let names = try log.refusals(limit: 10).map(\.errorName)
             return names.isEmpty ? nil : names

@@ -67,7 +67,7 @@ final class SecurityTests: XCTestCase {
                 for type in ["text/x-app", "text/x-team", "text/x-all"] {
                     let expected = visible.contains(type)
                         ? "OK \(Self.bytes[type]!.utf8.count) \(Data(Self.bytes[type]!.utf8).base64EncodedString())"
-                        : err(.notFound, "Item 0 has no representation of type '\(type)'")
+                        : err(.notFound, "Item 0 has no representation that matches '\(type)'")
                     XCTAssertEqual(destination.run("load 0 \(type)"), expected, "\(context), \(type)")
                 }
                 XCTAssertEqual(destination.run("conclude"), "OK", context)
@@ -116,6 +116,73 @@ final class SecurityTests: XCTestCase {
         _ = scoped.run("present \(token)")
         XCTAssertEqual(scoped.run("items"), #"OK [{"preferredHeight":0,"preferredWidth":0,"suggestedName":"","typeIdentifiers":["text\/x-all"]}]"#)
         scoped.terminate()
+    }
+
+    /// A scope name is self-chosen: it names an app, but gains a team or Managed= only from
+    /// an entry that accepts that source (`Sources=systemd-unit`), never from an entry for a
+    /// registered executable or a Flatpak that has the same app ID. A registered executable
+    /// keeps its entry whatever scope a launcher starts it in.
+    func testAScopeNameGainsOnlyWhatTheAdministratorGrantedToScopes() throws {
+        let world = try World { paths in
+            Self.registry(paths, extra: """
+
+                [App]
+                AppID=org.example.Scoped
+                Sources=systemd-unit
+                Team=org.example
+
+                [App]
+                Executable=\(paths.app("vault-app"))
+                AppID=com.corp.Vault
+                Team=com.corp
+                Managed=yes
+
+                [App]
+                AppID=com.corp.Sandboxed
+                Managed=yes
+                """)
+        }
+        func whoami(_ peer: Peer) -> String { peer.run("whoami") }
+        func escaped(_ path: String) -> String { path.replacingOccurrences(of: "/", with: "\\/") }
+
+        let granted = try world.peer("granted-app")
+        let scope1 = try AppScope(unit: "app-org.example.Scoped-\(getpid()).scope")
+        try scope1.adopt(granted.process.processIdentifier)
+        XCTAssertEqual(whoami(granted),
+                       #"OK {"appID":"org.example.Scoped","executable":"\#(escaped(granted.executable.path))","managed":false,"pid":\#(granted.process.processIdentifier),"sandboxed":false,"source":"systemd-unit","team":"org.example","uid":0}"#)
+
+        // Named like the managed vault, but the vault's entry is by executable.
+        let impostor = try world.peer("impostor-app")
+        let scope2 = try AppScope(unit: "app-com.corp.Vault-\(getpid()).scope")
+        try scope2.adopt(impostor.process.processIdentifier)
+        XCTAssertEqual(whoami(impostor),
+                       #"OK {"appID":"com.corp.Vault","executable":"\#(escaped(impostor.executable.path))","managed":false,"pid":\#(impostor.process.processIdentifier),"sandboxed":false,"source":"systemd-unit","uid":0}"#)
+
+        // Named like a managed Flatpak, whose entry accepts only the sandboxes.
+        let lookalike = try world.peer("lookalike-app")
+        let scope3 = try AppScope(unit: "app-com.corp.Sandboxed-\(getpid()).scope")
+        try scope3.adopt(lookalike.process.processIdentifier)
+        XCTAssertEqual(whoami(lookalike),
+                       #"OK {"appID":"com.corp.Sandboxed","executable":"\#(escaped(lookalike.executable.path))","managed":false,"pid":\#(lookalike.process.processIdentifier),"sandboxed":false,"source":"systemd-unit","uid":0}"#)
+        let sandboxed = try world.peer("sandboxed-app", sandbox: .flatpak(appID: "com.corp.Sandboxed"))
+        let seen = world.directory.appendingPathComponent("roots/sandboxed-app").path + sandboxed.executable.path
+        XCTAssertEqual(whoami(sandboxed),
+                       #"OK {"appID":"com.corp.Sandboxed","executable":"\#(escaped(seen))","managed":true,"pid":\#(sandboxed.reportedPID),"sandboxed":true,"source":"flatpak","team":"com.corp","uid":0}"#)
+
+        // The real vault, started by a launcher in a scope of the launcher's naming.
+        let vault = try world.peer("vault-app")
+        let scope4 = try AppScope(unit: "app-gnome-org.gnome.Whatever-\(getpid()).scope")
+        try scope4.adopt(vault.process.processIdentifier)
+        XCTAssertEqual(whoami(vault),
+                       #"OK {"appID":"com.corp.Vault","executable":"\#(escaped(vault.executable.path))","managed":true,"pid":\#(vault.process.processIdentifier),"sandboxed":false,"source":"registry","team":"com.corp","uid":0}"#)
+
+        // Team visibility follows: the granted scope app is not in the vault's team, the impostor neither.
+        let (token, _) = try vault.begin(#"{"items":[{"reps":[{"type":"text/x-team","visibility":"team","text":"t"},{"type":"text/x-all","text":"a"}]}]}"#)
+        _ = impostor.run("present \(token)")
+        XCTAssertEqual(impostor.run("items"), #"OK [{"preferredHeight":0,"preferredWidth":0,"suggestedName":"","typeIdentifiers":["text\/x-all"]}]"#)
+        // Each scope is removed once its process is gone.
+        for peer in [granted, impostor, lookalike, vault] { peer.terminate() }
+        withExtendedLifetime([scope1, scope2, scope3, scope4]) {}
     }
 
     func testRegistryAndFallbackIdentities() throws {
@@ -206,7 +273,9 @@ final class SecurityTests: XCTestCase {
         // before the drop, as iOS's forbidden proposal does.
         XCTAssertEqual(unmanaged.run("items"), "OK []")
         XCTAssertEqual(unmanaged.run("conforming text/plain"), "OK ", "no item conforms")
-        XCTAssertEqual(unmanaged.run("enter copy"), "OK forbidden")
+        XCTAssertEqual(unmanaged.run("enter cancel"), "OK forbidden",
+                       "an app that follows the page proposes cancel for nothing to take, and still learns that policy refused")
+        XCTAssertEqual(unmanaged.run("update copy"), "OK forbidden")
         XCTAssertEqual(unmanaged.run("update move"), "OK forbidden")
         XCTAssertEqual(unmanaged.run("drop"), err(.wrongState, "The current proposal allows 'forbidden': a drop needs copy or move"))
         XCTAssertEqual(unmanaged.run("load 0 text/plain"), err(.wrongState, "Loads are allowed only after PerformDrop"))

@@ -143,7 +143,7 @@ final class TypedObjectTests: XCTestCase {
         XCTAssertEqual(stranger.run("canload String"), "OK false")
         XCTAssertEqual(stranger.run("canload Data"), "OK false")
         XCTAssertEqual(stranger.run("canload URL"), "OK false")
-        XCTAssertEqual(stranger.run("enter copy"), "OK forbidden", "nothing it may drop")
+        XCTAssertEqual(stranger.run("enter copy"), "OK cancel", "nothing it may take: no policy refused it")
 
         // The same app sees it: visibility, not the object, decided.
         let sibling = try world.peer("source-app")

@@ -295,9 +295,10 @@ final class SessionRulesTests: XCTestCase {
         assertRefused(try session.authorizeLoad(item: 1, type: "image/png", by: Self.teammate, rules: rules()), .notFound,
                       "No item 1: session s7 has 1 item(s)")
         assertRefused(try session.authorizeLoad(item: 0, type: "text/x-app", by: Self.teammate, rules: rules()), .notFound,
-                      "Item 0 has no representation of type 'text/x-app'")
+                      "Item 0 has no representation that matches 'text/x-app'")
         assertRefused(try session.authorizeLoad(item: 0, type: "not a type", by: Self.teammate, rules: rules()), .invalidArgument,
-                      invalidTypeMessage("not a type"))
+                      "'not a type' is not a type pattern: expected a MIME type such as image/png, a wildcard such as image/* or */*, "
+                      + "or a UTI such as public.image")
         let first = try session.authorizeLoad(item: 0, type: "public.plain-text", by: Self.teammate, rules: rules())
         XCTAssertEqual(first.id, 1)
         XCTAssertEqual(first.typeIdentifier, "text/plain", "UTIs are stored as their MIME type")
@@ -306,15 +307,6 @@ final class SessionRulesTests: XCTestCase {
         try session.conclude(by: Self.teammate)
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()), .wrongState,
                       "Session s7 was concluded: no new loads")
-    }
-
-    func invalidTypeMessage(_ type: String) -> String {
-        do {
-            _ = try TypeIdentifier(type)
-            return ""
-        } catch {
-            return error.message
-        }
     }
 
     func testWhatFlowPolicyDeniesIsAbsentAndADropOfNothingIsForbidden() throws {
@@ -326,8 +318,10 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(events.events, ["flowDenied :1.4 [\"text/plain\"] \(origin)"], "only what it could otherwise see")
         XCTAssertTrue(session.visibleItems(for: Self.stranger, flow: flow).isEmpty)
         XCTAssertEqual(try session.propose(.copy, by: Self.stranger, entering: true, flow: flow), .forbidden)
-        XCTAssertEqual(try session.propose(.cancel, by: Self.stranger, entering: false, flow: flow), .cancel)
-        assertRefused(try session.performDrop(by: Self.stranger), .wrongState, "The current proposal allows 'cancel': a drop needs copy or move")
+        XCTAssertEqual(try session.propose(.cancel, by: Self.stranger, entering: false, flow: flow), .forbidden,
+                       "an app that proposes cancel for an empty GetItems still learns that policy refused")
+        XCTAssertEqual(try session.propose(.move, by: Self.stranger, entering: false, flow: flow), .forbidden)
+        assertRefused(try session.performDrop(by: Self.stranger), .wrongState, "The current proposal allows 'forbidden': a drop needs copy or move")
 
         // text/* is denied to every destination, so the teammate sees nothing either, until
         // the source flocks an image.
@@ -340,9 +334,44 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(events.events.filter { $0.hasPrefix("flowDenied") }.count, 2, "once per destination and session")
         _ = try session.performDrop(by: Self.teammate)
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules(policy: deny)), .notFound,
-                      "Item 0 has no representation of type 'text/plain'")
+                      "Item 0 has no representation that matches 'text/plain'")
         XCTAssertEqual(try session.authorizeLoad(item: 0, type: "image/png", by: Self.teammate, rules: rules(policy: deny)).item, 2,
                        "the teammate's item 0 is the session's item 2")
+    }
+
+    /// `forbidden` comes only from policy: nothing to take because visibility hides it is
+    /// `cancel`, as on iOS; an app that proposes cancel (it found nothing it takes) while a
+    /// flow rule refused it something it could otherwise see hears `forbidden`, whether or not
+    /// something else is left; a copy of something left is answered as always.
+    func testForbiddenMeansPolicyRefusedAndVisibilityMeansNothingToTake() throws {
+        let hidden = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "text/x-app", visibility: .app)])]
+        let (onlyHidden, _) = makeSession(items: hidden)
+        try onlyHidden.admit(Self.stranger, limit: 64, flow: Self.noRules)
+        XCTAssertEqual(try onlyHidden.propose(.copy, by: Self.stranger, entering: true, flow: Self.noRules), .cancel)
+        XCTAssertEqual(try onlyHidden.propose(.move, by: Self.stranger, entering: false, flow: Self.noRules), .cancel)
+        XCTAssertEqual(try onlyHidden.propose(.cancel, by: Self.stranger, entering: false, flow: Self.noRules), .cancel)
+        XCTAssertEqual(try onlyHidden.propose(.forbidden, by: Self.stranger, entering: false, flow: Self.noRules), .forbidden,
+                       "an app may still refuse on its own")
+        try onlyHidden.admit(Self.sameApp, limit: 64, flow: Self.noRules)
+        XCTAssertEqual(try onlyHidden.propose(.cancel, by: Self.sameApp, entering: true, flow: Self.noRules), .cancel,
+                       "something to take, and the app declines: no policy in it")
+
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 3)
+        let denyText = FlowView(policy: Policy(flows: [FlowRule(from: .any, to: .any, typePatterns: ["text/plain"], action: .deny, origin: origin)]),
+                                types: MimeDatabase.system)
+        // One representation hidden by visibility, the only other one denied: policy refused.
+        let mixed = [ItemDescriptor(representations: [RepresentationDescriptor(typeIdentifier: "application/x-app", visibility: .app),
+                                                      RepresentationDescriptor(typeIdentifier: "text/plain;charset=utf-8", visibility: .all)])]
+        let (refused, _) = makeSession(items: mixed)
+        try refused.admit(Self.stranger, limit: 64, flow: denyText)
+        for proposal in [DropOperation.cancel, .copy, .move, .forbidden] {
+            XCTAssertEqual(try refused.propose(proposal, by: Self.stranger, entering: true, flow: denyText), .forbidden, proposal.rawValue)
+        }
+        // The source's own app also sees application/x-app, which the rule leaves alone: a
+        // copy of it goes; declining it, the app hears that policy refused it the text.
+        try refused.admit(Self.sameApp, limit: 64, flow: denyText)
+        XCTAssertEqual(try refused.propose(.copy, by: Self.sameApp, entering: true, flow: denyText), .copy)
+        XCTAssertEqual(try refused.propose(.cancel, by: Self.sameApp, entering: false, flow: denyText), .forbidden)
     }
 
     func testSizeRulesLimitsAndFailClosedActWhenALoadStarts() throws {

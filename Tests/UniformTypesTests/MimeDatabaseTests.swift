@@ -107,6 +107,51 @@ final class MimeDatabaseTests: XCTestCase {
         XCTAssertFalse(database.conforms(plain, to: "text/*;charset=utf-8"))
     }
 
+    /// The one rule's ranking: the exact type, then the same type with parameters the request
+    /// leaves out, then a subtype, wildcard or abstract UTI; ties go to the earlier pattern,
+    /// then to the earlier listed type.
+    func testSelectPrefersTheClosestMatchThenTheFirstListed() throws {
+        func select(_ listed: [String], _ patterns: [String]) throws -> String? {
+            database.select(among: listed, for: try patterns.map(TypePattern.init)).map { listed[$0] }
+        }
+        let note = ["text/html", "text/plain;charset=iso-8859-1", "text/plain;charset=utf-8"]
+        XCTAssertEqual(try select(note, ["text/plain"]), "text/plain;charset=iso-8859-1", "the first listed of two charsets")
+        XCTAssertEqual(try select(note, ["text/plain;charset=utf-8"]), "text/plain;charset=utf-8")
+        XCTAssertEqual(try select(note, ["public.utf8-plain-text"]), "text/plain;charset=utf-8")
+        XCTAssertEqual(try select(note, ["text/*"]), "text/html", "every text type only conforms to text/*: the first listed")
+        XCTAssertEqual(try select(note, ["public.text"]), "text/html")
+        XCTAssertNil(try select(note, ["text/plain;charset=utf-16"]))
+        XCTAssertNil(try select(note, ["image/png"]))
+        XCTAssertEqual(try select(note, ["image/png", "text/plain"]), "text/plain;charset=iso-8859-1", "a later pattern when the first matches nothing")
+
+        let withExact = ["text/plain;charset=utf-8;format=flowed", "text/plain;charset=utf-8"]
+        XCTAssertEqual(try select(withExact, ["text/plain;charset=utf-8"]), "text/plain;charset=utf-8", "the exact type over the first listed")
+        XCTAssertEqual(try select(withExact, ["text/plain"]), "text/plain;charset=utf-8;format=flowed")
+
+        XCTAssertEqual(try select(["application/x-child", "application/x-parent"], ["application/x-parent"]), "application/x-parent",
+                       "the type itself over a subtype listed before it")
+        XCTAssertEqual(try select(["application/x-child"], ["application/x-parent"]), "application/x-child")
+        XCTAssertEqual(try select(["application/x-old"], ["application/x-child"]), "application/x-old", "an alias is its canonical type")
+        XCTAssertEqual(try select(["text/html", "text/plain"], ["text/html", "text/plain"]), "text/html", "the reader's order among exact matches")
+        XCTAssertEqual(try select(["text/html", "text/plain"], ["text/*", "text/plain"]), "text/plain", "an exact match over an earlier wildcard")
+        XCTAssertEqual(try select(["not a type", "image/png"], ["*/*"]), "image/png", "a listed type that does not parse is skipped")
+        XCTAssertNil(try select([], ["*/*"]))
+        XCTAssertNil(try select(["image/png"], []))
+    }
+
+    func testMatchNamesTheCloseness() throws {
+        XCTAssertEqual(database.match(try type("text/plain;charset=utf-8"), to: try TypePattern("text/plain;charset=UTF-8")), .exact)
+        XCTAssertEqual(database.match(try type("text/plain;charset=utf-8"), to: try TypePattern("text/plain")), .parameters)
+        XCTAssertEqual(database.match(try type("text/x-foo"), to: try TypePattern("text/plain")), .conforming)
+        XCTAssertEqual(database.match(try type("image/png"), to: try TypePattern("public.png")), .exact)
+        XCTAssertEqual(database.match(try type("image/png"), to: try TypePattern("*")), .conforming)
+        XCTAssertNil(database.match(try type("text/plain"), to: try TypePattern("text/plain;charset=utf-8")))
+        XCTAssertThrowsError(try TypePattern("public.no-such-thing")) { error in
+            XCTAssertEqual((error as? TypeIdentifierError)?.message, "'public.no-such-thing' is not a type pattern: "
+                + "it is not a UTI this system knows; use a MIME type or wildcard instead, such as image/*")
+        }
+    }
+
     func testUnparseablePatternsConformToNothing() throws {
         let png = try type("image/png")
         for pattern in ["", "image", "*/png", "image/p*", "com.example.unknown", "image/png;", "ima ge/*"] {

@@ -61,7 +61,6 @@ class Target:
         self.session_path = None
         self.session = None
         self.wanted = []
-        self.visible_items = 0
         self.context = None          # the toolkit drag whose token was asked for
         self.entered = False
         self.proposal = None
@@ -145,31 +144,22 @@ class Target:
         return True
 
     def acceptable_items(self):
-        """(item, type) to load, best first: for each accepted type the items the broker says
-        conform to it, each loaded as its first visible type that is the accepted one or under it."""
-        visible = [[str(t) for t in types] for _, _, _, types in self.session.GetItems()]
+        """(item, type) to load: for each accepted type, in the app's order, the items the broker
+        says conform to it. Load takes that same type: the broker serves the item's closest
+        listed type, the first listed among equally close ones."""
         wanted, taken = [], set()
         for accepted in self.accepted:
             for item in self.session.ConformingItems(accepted):
                 item = int(item)
-                if item in taken:
-                    continue
-                types = visible[item]
-                if accepted in types:
-                    choice = accepted
-                elif accepted.endswith("/*"):
-                    choice = next((t for t in types if t.startswith(accepted[:-1])), types[0])
-                else:
-                    choice = types[0]
-                wanted.append((item, choice))
-                taken.add(item)
-        self.visible_items = len(visible)
+                if item not in taken:
+                    wanted.append((item, accepted))
+                    taken.add(item)
         return wanted
 
     def propose(self, proposal):
-        # Nothing to take proposes cancel. A drag that shows this app nothing at all proposes
-        # anyway: then the broker's answer is forbidden, and the cursor tells the user why.
-        if not self.wanted and self.visible_items > 0:
+        # Nothing to take proposes cancel; the broker answers forbidden when the
+        # administrator's policy is why, and the status shows its answer either way.
+        if not self.wanted:
             proposal = "cancel"
         if self.entered and proposal == self.proposal:
             return

@@ -52,7 +52,8 @@ Task { @MainActor in
     gtk_box_append(GtkCast.box(column), hint)
 
     var placeholders: [Int: Placeholder] = [:]
-    // canHandle: images only; anything else shows the drop as refused.
+    // canHandle: images only; anything else is not dropped here, and the broker says when
+    // the administrator's policy is why.
     let target = DropTargetController(widget: column, connection: broker, acceptedTypes: ["public.image"])
     target.onProposal = { operation in
         switch operation {
@@ -60,8 +61,8 @@ Task { @MainActor in
             say("the broker allows \(operation.rawValue)")
             gtk_label_set_text(OpaquePointer(hint), "Release to \(operation.rawValue) the image")
         case .forbidden:
-            say("nothing here is an image I may see: the drop is refused")
-            gtk_label_set_text(OpaquePointer(hint), "No image I may take")
+            say("the administrator's policy refuses this drop: the drop is refused")
+            gtk_label_set_text(OpaquePointer(hint), "Refused by policy")
         case .cancel:
             gtk_label_set_text(OpaquePointer(hint), "Drop images here")
         }

@@ -274,17 +274,16 @@ final class SessionInterface {
     /// "hasItemsConforming": which items (as the caller numbers them) have a representation
     /// it can see that conforms to a MIME type, a wildcard or a UTI.
     private func conformingItems(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
-        let pattern = try argument("type") { () throws(BusError) in try call.message.readString() }
+        let raw = try argument("type") { () throws(BusError) in try call.message.readString() }
+        let pattern: TypePattern
         do {
-            try MimeDatabase.validatePattern(pattern)
+            pattern = try TypePattern(raw)
         } catch {
             throw BrokerError.invalidArgument(error.message)
         }
         let types = registry.types
         let matching = session.visibleItems(for: caller, flow: registry.flow).enumerated().compactMap { viewIndex, entry -> UInt32? in
-            entry.item.typeIdentifiers.contains { type in
-                (try? TypeIdentifier(type)).map { types.conforms($0, to: pattern) } ?? false
-            } ? UInt32(viewIndex) : nil
+            types.select(among: entry.item.typeIdentifiers, for: [pattern]) != nil ? UInt32(viewIndex) : nil
         }
         try reply(call) { r throws(BusError) in
             try r.openContainer("a", "u")

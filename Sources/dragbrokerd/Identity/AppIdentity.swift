@@ -7,17 +7,33 @@ import BusKit
 import Foundation
 import SystemCalls
 
-/// Where an app ID came from, strongest first. Only the sandboxes vouch for their IDs.
+/// Where an app ID came from, strongest first, and so the order in which they are tried.
+/// A sandbox vouches for its ID: the app inside cannot leave it or change it. A registered
+/// executable is as strong as its path's permissions against the users who cannot write it.
+/// A systemd unit or scope name is self-chosen: any unsandboxed process of the user can start
+/// itself in a scope of any name, so such an ID names an app but grants nothing the
+/// administrator did not grant to that source (`[App] Sources=systemd-unit`).
 enum IdentitySource: String, Sendable {
     case flatpak, snap
-    /// The XDG convention for systemd units: `app-[<launcher>-]<AppID>…` in the cgroup path.
-    case systemdUnit = "systemd-unit"
     /// The administrator's registry, by executable path.
     case registry
+    /// The XDG convention for systemd units: `app-[<launcher>-]<AppID>…` in the cgroup path.
+    case systemdUnit = "systemd-unit"
     /// Nothing better: the executable path itself.
     case executable
 
     var isSandboxed: Bool { self == .flatpak || self == .snap }
+
+    /// The registry source an `[App]` entry must list to give an app of this source its team
+    /// and `Managed=` by app ID alone.
+    var entrySource: AppEntry.Source? {
+        switch self {
+        case .flatpak: .flatpak
+        case .snap: .snap
+        case .systemdUnit: .systemdUnit
+        case .registry, .executable: nil
+        }
+    }
 }
 
 /// What the kernel says about a peer, read once per connection while the process is pinned.
@@ -49,7 +65,8 @@ struct AppIdentity: Equatable, Sendable {
     var executable: String { facts.executable }
     var isSandboxed: Bool { source.isSandboxed }
 
-    /// Applies the resolution order: Flatpak, Snap, XDG unit name, registry, executable path.
+    /// Applies the resolution order, strongest first: Flatpak, Snap, registered executable,
+    /// XDG unit name, executable path.
     init(facts: ProcessFacts, policy: Policy) {
         self.facts = facts
         let registered = policy.app(forExecutable: facts.executable)
@@ -57,24 +74,26 @@ struct AppIdentity: Equatable, Sendable {
             (appID, source) = (app, .flatpak)
         } else if let snap = facts.snapName {
             (appID, source) = ("snap.\(snap)", .snap)
-        } else if let app = facts.unitApp {
-            (appID, source) = (app, .systemdUnit)
         } else if let registered {
             (appID, source) = (registered.appID, .registry)
+        } else if let app = facts.unitApp {
+            (appID, source) = (app, .systemdUnit)
         } else {
             (appID, source) = (facts.executable, .executable)
         }
-        // The registry names teams; a sandbox's reverse-DNS ID implies one; others have none.
+        // Only an entry that accepts this source grants a team or Managed=: a scope named
+        // like a registered app gains nothing from that app's entry.
         let resolvedID = appID
-        let entry = source == .registry ? registered : policy.apps.first { $0.appID == resolvedID }
+        let entry = source == .registry ? registered : source.entrySource.flatMap { policy.app(id: resolvedID, from: $0) }
         if let team = entry?.team {
             self.team = team
         } else if source.isSandboxed, appID.contains(".") {
+            // A sandbox's reverse-DNS ID implies its team; other sources have none unless granted.
             self.team = String(appID[..<appID.lastIndex(of: ".")!])
         } else {
             self.team = nil
         }
-        managed = policy.isManaged(appID: appID, team: team)
+        managed = policy.isManaged(entry: entry, team: team)
         // Computed once per connection: every load counts against them at its start and end.
         buckets = source.isSandboxed ? [.app(appID)] : [.app(appID), .unsandboxedUser(facts.uid)]
     }
@@ -85,8 +104,12 @@ struct AppIdentity: Equatable, Sendable {
     /// so a sandboxed app has its app's bucket alone.
     private(set) var buckets: [Bucket] = []
 
-    /// Same app: same app ID. Same team: same app, or both in one named team.
-    func isSameApp(as other: AppIdentity) -> Bool { appID == other.appID }
+    /// Same app: same app ID, and a self-chosen one (a unit or scope name) only with another
+    /// self-chosen one, so that naming a scope like a registered or sandboxed app does not make
+    /// a process that app. Same team: same app, or both in one named team.
+    func isSameApp(as other: AppIdentity) -> Bool {
+        appID == other.appID && (source == .systemdUnit) == (other.source == .systemdUnit)
+    }
     func isSameTeam(as other: AppIdentity) -> Bool {
         isSameApp(as: other) || (team != nil && team == other.team)
     }

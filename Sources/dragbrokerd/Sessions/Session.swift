@@ -208,6 +208,30 @@ final class Session {
         report(self, .flowDenied(to: destination, types: denied, rule: firstRule))
     }
 
+    /// The broker's answer to a proposal. A copy or move of something droppable: the
+    /// operation it allows. Otherwise (the app proposed `cancel` because it found nothing to
+    /// take, or proposed to drop nothing), `forbidden` when the administrator's flow rules
+    /// refused the destination something it could otherwise see, so that an app following the
+    /// page still shows the refusal; it learns that policy refused, not what or how much.
+    /// Representations hidden by visibility are, as on iOS, simply not there: `cancel`, unless
+    /// the app itself proposed `forbidden`.
+    private func answer(to proposal: DropOperation, by destination: AppIdentity, flow: FlowView) -> DropOperation {
+        if proposal == .forbidden { return .forbidden }
+        if proposal != .cancel && hasDroppable(for: destination, flow: flow) {
+            return allowedOperation(for: proposal, by: destination)
+        }
+        return flowRefusesAnything(to: destination, flow: flow) ? .forbidden : .cancel
+    }
+
+    /// Whether flow rules deny `destination` a representation that visibility would show it.
+    private func flowRefusesAnything(to destination: AppIdentity, flow: FlowView) -> Bool {
+        items.contains { item in
+            item.representations.contains {
+                isVisible($0, to: destination) && flow.denial(of: $0.typeIdentifier, from: source, to: destination) != nil
+            }
+        }
+    }
+
     /// The operation the broker will allow for `proposal` by `destination`: a move is
     /// allowed only within the source app and only when the source allows it; otherwise
     /// the data is copied.
@@ -275,8 +299,7 @@ final class Session {
         }
         destination.entered = true
         destination.proposal = proposal
-        destination.allowed = proposal == .cancel || proposal == .forbidden || hasDroppable(for: caller, flow: flow)
-            ? allowedOperation(for: proposal, by: caller) : .forbidden
+        destination.allowed = answer(to: proposal, by: caller, flow: flow)
         destinations[caller.uniqueName] = destination
         current = caller.uniqueName
         report(self, .proposed(by: caller, proposal: proposal, allowed: destination.allowed, entering: entering))
@@ -352,17 +375,21 @@ final class Session {
         guard Int(item) < visible.count else {
             throw .notFound("No item \(item): session \(id) has \(visible.count) item(s)")
         }
-        let canonical: String
+        let pattern: TypePattern
         do {
-            canonical = try TypeIdentifier(type).mime
+            pattern = try TypePattern(type)
         } catch {
             throw .invalidArgument(error.message)
         }
+        // The one matching rule: whatever ConformingItems says yes to, this serves, and the
+        // closest listed type wins, the first listed among equally close ones.
+        let listed = visible[Int(item)].item.typeIdentifiers
         let realItem = visible[Int(item)].index
-        guard visible[Int(item)].item.typeIdentifiers.contains(canonical),
-              let representation = items[realItem].representations.first(where: { $0.typeIdentifier == canonical }) else {
-            throw .notFound("Item \(item) has no representation of type '\(canonical)'")
+        guard let position = rules.flow.types.select(among: listed, for: [pattern]),
+              let representation = items[realItem].representations.first(where: { $0.typeIdentifier == listed[position] }) else {
+            throw .notFound("Item \(item) has no representation that matches '\(type)'")
         }
+        let canonical = representation.typeIdentifier
         guard loads.count < rules.limits.concurrentLoadsPerSession else {
             throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
         }
