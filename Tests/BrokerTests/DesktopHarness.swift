@@ -44,7 +44,12 @@ final class Desktop {
             guard let number = server.stdout.take(where: { Int($0) != nil }) else {
                 throw HarnessError("Xvfb did not start: \(server.stderr.text)")
             }
-            environment = base.merging(["DISPLAY": ":\(number)", "GDK_BACKEND": "x11"]) { $1 }
+            // Qt wants a runtime directory too, and warns on every start without one.
+            let runtime = scratch.appendingPathComponent("runtime")
+            try FileManager.default.createDirectory(at: runtime, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+            environment = base.merging(["DISPLAY": ":\(number)", "GDK_BACKEND": "x11", "QT_QPA_PLATFORM": "xcb",
+                                        "XDG_RUNTIME_DIR": runtime.path]) { $1 }
             pointer = nil
             swaySocket = nil
         case .wayland:
@@ -58,8 +63,11 @@ final class Desktop {
             let runtime = scratch.appendingPathComponent("runtime")
             try FileManager.default.createDirectory(at: runtime, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
+            // Qt draws no decorations of its own on Wayland with this, so its windows are the
+            // size and place the others are.
             environment = base.merging(["WAYLAND_DISPLAY": String(display.dropFirst("WAYLAND_DISPLAY=".count)),
-                                        "XDG_RUNTIME_DIR": runtime.path, "GDK_BACKEND": "wayland"]) { $1 }
+                                        "XDG_RUNTIME_DIR": runtime.path, "GDK_BACKEND": "wayland",
+                                        "QT_QPA_PLATFORM": "wayland", "QT_WAYLAND_DISABLE_WINDOWDECORATION": "1"]) { $1 }
             swaySocket = String(ipc.dropFirst("SWAYSOCK=".count))
             let build = scratch.appendingPathComponent("virtual-pointer")
             try Desktop.run("/bin/sh", [DesktopFiles.path("build-virtual-pointer.sh"), build.path], environment: base)
@@ -126,6 +134,61 @@ final class Desktop {
             try point("up")
         }
     }
+
+    /// A drag whose pointer comes into the target and is released there within 50 ms: it
+    /// stops just left of the target's window, then one motion in, 20 ms, and the release.
+    func quickDrag(from: ScreenPoint, to: ScreenPoint) throws {
+        let outside = ScreenPoint(x: to.x - 115, y: to.y)
+        try press(at: from)
+        try move(to: outside)
+        try move(to: to, steps: 1)
+        usleep(20_000)
+        try release()
+    }
+
+    /// The pointer pressed at `point`, held until `release`.
+    func press(at point: ScreenPoint) throws {
+        switch backend {
+        case .x11:
+            try Desktop.run("/usr/bin/xdotool", ["mousemove", "\(point.x)", "\(point.y)", "sleep", "0.05", "mousedown", "1"],
+                            environment: environment)
+        case .wayland:
+            try self.point("abs \(point.x) \(point.y)")
+            usleep(50_000)
+            try self.point("down")
+        }
+        position = point
+    }
+
+    /// Moves the pointer in `steps` equal steps, as `drag` does, with the button as it is.
+    func move(to destination: ScreenPoint, steps: Int = 9, stepInterval: TimeInterval? = nil) throws {
+        let from = position
+        let path = (1...steps).map { ScreenPoint(x: from.x + (destination.x - from.x) * $0 / steps,
+                                                 y: from.y + (destination.y - from.y) * $0 / steps) }
+        switch backend {
+        case .x11:
+            let interval = String(format: "%.3f", stepInterval ?? 0.04)
+            var arguments: [String] = []
+            for point in path { arguments += ["sleep", interval, "mousemove", "\(point.x)", "\(point.y)"] }
+            try Desktop.run("/usr/bin/xdotool", arguments, environment: environment)
+        case .wayland:
+            for step in path {
+                usleep(useconds_t((stepInterval ?? 0.02) * 1_000_000))
+                try point("abs \(step.x) \(step.y)")
+            }
+        }
+        position = destination
+    }
+
+    func release() throws {
+        switch backend {
+        case .x11: try Desktop.run("/usr/bin/xdotool", ["mouseup", "1"], environment: environment)
+        case .wayland: try point("up")
+        }
+    }
+
+    /// Where `press` and `move` left the pointer.
+    private var position = ScreenPoint(x: 0, y: 0)
 
     private func point(_ command: String) throws {
         pointer!.send(command)
@@ -228,4 +291,13 @@ final class DesktopApp: Child {
 func sha256(of file: URL) throws -> String {
     let output = try Desktop.run("/usr/bin/sha256sum", [file.path], environment: ["PATH": "/usr/bin:/bin"])
     return String(output.prefix { $0 != " " })
+}
+
+/// An example app under examples/, built with its own Makefile, as its README tells a new
+/// user to, into a temporary directory of its own; callers keep the result in a static.
+func buildExample(_ name: String, product: String) throws -> URL {
+    let build = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-\(name)-\(getpid())")
+    let example = DocumentationTests.root.appendingPathComponent("examples/\(name)")
+    try Desktop.run("/usr/bin/make", ["-s", "-C", example.path, "BUILD=\(build.path)"], environment: ["PATH": "/usr/bin:/bin"])
+    return build.appendingPathComponent(product)
 }

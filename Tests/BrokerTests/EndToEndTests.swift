@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BusKit
 import Foundation
 import TransferLog
 import XCTest
@@ -124,6 +125,13 @@ final class EndToEndTests: XCTestCase {
                            err(.notFound, "Item 0 has no representation that matches '\(request)'"), request)
         }
         XCTAssertEqual(destination.run("load 0 image/"), err(.invalidArgument, "'image/' is not a type pattern: the subtype after '/' is empty"))
+        // A wrong D-Bus type is the bus layer's refusal, as the page says, before any broker rule.
+        let probe = try BusProbe(address: world.bus.address)
+        let wrongType = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "Load") { m throws(BusError) in
+            try m.append(Int32(0))
+            try m.append("text/plain")
+        }
+        XCTAssertEqual(wrongType.errorName, "org.freedesktop.DBus.Error.InvalidArgs")
         XCTAssertEqual(destination.run("conclude"), "OK")
     }
 

@@ -7,13 +7,9 @@ with dbus-python: it reads the token from the toolkit's offer and asks the broke
 Prints, flushed: READY, PRESENTED <session path>, ITEMS <item:type,...>, STATUS <broker's answer>,
 EXIT, DROPPED <op>, LOADED <item> <type> <nbytes> <sha256>, LOAD-FINISHED <load> <bytes> <error or ->,
 CONCLUDED, REFUSED <error name> <message>, ENDED <op> <error or ->, and ERROR <name> <message>."""
-import argparse
 import hashlib
 import os
-import re
 import signal
-import sys
-import time
 
 import dbus
 from dbus.mainloop.glib import DBusGMainLoop
@@ -23,33 +19,20 @@ gi.require_version("Gtk", "3.0")
 gi.require_version("Gdk", "3.0")
 from gi.repository import Gdk, GLib, Gtk  # noqa: E402
 
-BUS, MANAGER = "org.dragbroker.Broker1", "/org/dragbroker/Broker1"
-MANAGER_IFACE = "org.dragbroker.Broker1.Manager"
-SESSION_IFACE = "org.dragbroker.Broker1.Session"
-TOKEN_TYPE = "application/vnd.dragbroker.token.v1"
-TOKEN_SYNTAX = re.compile(rb"[0-9a-f]{64}")
+import broker_protocol  # noqa: E402
+from broker_protocol import BUS, MANAGER, MANAGER_IFACE, SESSION_IFACE, TOKEN_SYNTAX, TOKEN_TYPE, say  # noqa: E402
+
 # GTK 3 sends drag-leave right before drag-drop: an Exit sent at once would withdraw the
 # proposal the drop needs, so it waits this long and is dropped if the drop comes first.
 EXIT_DELAY_MS = 200
 ACTIONS = {"copy": Gdk.DragAction.COPY, "move": Gdk.DragAction.MOVE}
 
 
-STAMPED = False
-
-
-def say(*words):
-    # With --timestamps each line starts with CLOCK_MONOTONIC, taken as the event happens,
-    # so measure.py can time a drag across processes without their scheduling in the way.
-    if STAMPED:
-        words = (f"{time.monotonic():.6f}",) + words
-    print(" ".join(str(w) for w in words), flush=True)
-
-
-class Target:
+class Target(broker_protocol.Destination):
     def __init__(self, arguments):
         self.accepted = arguments.accept
         DBusGMainLoop(set_as_default=True)
-        self.bus = dbus.bus.BusConnection(arguments.bus) if arguments.bus else dbus.SessionBus()
+        self.bus = broker_protocol.connect(arguments.bus)
         self.manager = dbus.Interface(self.bus.get_object(BUS, MANAGER), MANAGER_IFACE)
         self.bus.add_signal_receiver(self.on_session_signal, dbus_interface=SESSION_IFACE,
                                      path_keyword="path", member_keyword="member")
@@ -57,14 +40,8 @@ class Target:
         self.window = self.make_window(arguments)
 
     def forget_drag(self):
-        self.token = None
-        self.session_path = None
-        self.session = None
-        self.wanted = []
+        self.forget_visit()
         self.context = None          # the toolkit drag whose token was asked for
-        self.entered = False
-        self.proposal = None
-        self.answer = "cancel"
         self.exit_timer = 0
 
     def make_window(self, arguments):
@@ -129,48 +106,6 @@ class Target:
         self.propose(self.proposal_for(context))
         self.status(context, time)
 
-    def present(self, token):
-        self.token = token
-        try:
-            self.session_path = self.manager.PresentToken(token)
-            self.session = dbus.Interface(self.bus.get_object(BUS, self.session_path), SESSION_IFACE)
-            say("PRESENTED", self.session_path)
-            self.wanted = self.acceptable_items()
-        except dbus.DBusException as error:
-            say("REFUSED", error.get_dbus_name(), error.get_dbus_message())
-            self.session = None
-            return False
-        say("ITEMS", ",".join(f"{item}:{type_}" for item, type_ in self.wanted) or "-")
-        return True
-
-    def acceptable_items(self):
-        """(item, type) to load: for each accepted type, in the app's order, the items the broker
-        says conform to it. Load takes that same type: the broker serves the item's closest
-        listed type, the first listed among equally close ones."""
-        wanted, taken = [], set()
-        for accepted in self.accepted:
-            for item in self.session.ConformingItems(accepted):
-                item = int(item)
-                if item not in taken:
-                    wanted.append((item, accepted))
-                    taken.add(item)
-        return wanted
-
-    def propose(self, proposal):
-        # Nothing to take proposes cancel; the broker answers forbidden when the
-        # administrator's policy is why, and the status shows its answer either way.
-        if not self.wanted:
-            proposal = "cancel"
-        if self.entered and proposal == self.proposal:
-            return
-        try:
-            answer = self.session.Update(proposal) if self.entered else self.session.Enter(proposal)
-        except dbus.DBusException as error:
-            say("REFUSED", error.get_dbus_name(), error.get_dbus_message())
-            answer = "cancel"
-        self.entered, self.proposal, self.answer = True, proposal, str(answer)
-        say("STATUS", self.answer)
-
     # Leave
 
     def on_leave(self, widget, context, time):
@@ -185,14 +120,7 @@ class Target:
 
     def exit(self):
         self.exit_timer = 0
-        if self.session is not None and self.entered:
-            self.entered = False
-            self.proposal = None
-            try:
-                self.session.Exit()
-                say("EXIT")
-            except dbus.DBusException as error:
-                say("ERROR", error.get_dbus_name(), error.get_dbus_message())
+        self.withdraw()
         return False
 
     # Drop
@@ -250,22 +178,7 @@ class Target:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bus", help="the bus address; the session bus when absent")
-    parser.add_argument("--accept", action="append", required=True, help="a MIME type, wildcard or UTI this app takes")
-    parser.add_argument("--title", default="gtk3-target")
-    parser.add_argument("--x", type=int, default=300)
-    parser.add_argument("--y", type=int, default=50)
-    parser.add_argument("--width", type=int, default=200)
-    parser.add_argument("--height", type=int, default=200)
-    parser.add_argument("--timestamps", action="store_true", help="start each line with the monotonic clock")
-    parser.add_argument("--wait-for-go", action="store_true",
-                        help="read a line from stdin before the first bus call, so a launcher can place the process in its app scope")
-    arguments = parser.parse_args()
-    global STAMPED
-    STAMPED = arguments.timestamps
-    if arguments.wait_for_go:
-        sys.stdin.readline()
+    arguments = broker_protocol.arguments("gtk3-target", 300, "target", stamped=True)
     GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGTERM, Gtk.main_quit)
     Target(arguments)
     Gtk.main()

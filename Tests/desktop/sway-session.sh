@@ -3,9 +3,8 @@
 # script gets SIGTERM or SIGINT. Prints, once the compositor is up:
 #     WAYLAND_DISPLAY=<absolute socket path>
 #     SWAYSOCK=<IPC socket path>
-# Windows float and are placed by title, as the GTK apps here are at X11: gtk3-source and
-# swift-source at 20,50, gtk3-target, swift-target and c-target at 300,50, plain-target at
-# 580,50.
+# Windows float and are placed by title, as the apps here are at X11: gtk3-, swift- and
+# qt-source at 20,50; gtk3-, swift-, c-, qt- and cpp-target at 300,50; plain-target at 580,50.
 set -eu
 
 # sway refuses to run as root ("Unable to drop root"), so it runs as nobody, in a runtime
@@ -20,11 +19,9 @@ default_border none
 default_floating_border none
 focus_follows_mouse no
 for_window [title=".*"] floating enable
-for_window [title="^gtk3-source$"] move absolute position 20 50
-for_window [title="^gtk3-target$"] move absolute position 300 50
+for_window [title="^(gtk3|swift|qt)-source$"] move absolute position 20 50
+for_window [title="^(gtk3|swift|c|qt|cpp)-target$"] move absolute position 300 50
 for_window [title="^plain-target$"] move absolute position 580 50
-for_window [title="^swift-source$"] move absolute position 20 50
-for_window [title="^(swift|c)-target$"] move absolute position 300 50
 EOF
 chmod 644 "$runtime/config"
 
