@@ -143,6 +143,13 @@ final class BindingTests: XCTestCase {
             throw HarnessError("the source printed no token: \(source.stdout.text) \(source.stderr.text)")
         }
         let token = String(tokenLine.dropFirst("source: token ".count))
+        // Any peer can call the exported provider: the source serves the broker alone.
+        let probe = try BusProbe(address: world.bus.address)
+        let (stranger, leaked) = try probe.provideAsStranger(try probe.uniqueName(ofProcess: source.process.processIdentifier),
+                                                             path: "/org/dragbroker/Provider1/c", session: "/org/dragbroker/Broker1/session/s1",
+                                                             item: 0, type: type)
+        XCTAssertEqual(stranger.failure, BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError)
+        XCTAssertEqual(leaked, Data(), "not one byte for a stranger")
         let destination = try Child(executable: destinationProgram, arguments: [token, type, received.path], environment: environment)
         destination.process.waitUntilExit()
         XCTAssertEqual(destination.process.terminationStatus, 0, destination.stderr.text)

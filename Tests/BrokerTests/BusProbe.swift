@@ -32,6 +32,39 @@ final class BusProbe {
         return result!
     }
 
+    /// The unique name of the connection that process `pid` holds on this bus.
+    func uniqueName(ofProcess pid: pid_t) throws -> String {
+        let driver = ("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus")
+        let reply = try call(driver.0, driver.1, driver.2, "ListNames").get()
+        var names: [String] = []
+        _ = try reply.enterContainer("a", "s")
+        while try reply.peekType() != nil { names.append(try reply.readString()) }
+        try reply.exitContainer()
+        for name in names where name.hasPrefix(":") {
+            let owner = call(driver.0, driver.1, driver.2, "GetConnectionUnixProcessID") { m throws(BusError) in try m.append(name) }
+            if case .success(let m) = owner, (try? m.readUInt32()) == UInt32(pid) { return name }
+        }
+        throw HarnessError("process \(pid) has no connection on this bus")
+    }
+
+    /// Calls `Provide` on `peer`'s provider as a stranger would, with a pipe of its own:
+    /// the call's result, and every byte the provider wrote into the pipe.
+    func provideAsStranger(_ peer: String, path: String, session: String, item: UInt32, type: String) throws -> (Result<Message, BusError>, Data) {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { throw HarnessError("pipe: \(errno)") }
+        let (readEnd, writeEnd) = (fds[0], fds[1])
+        let result = call(peer, path, "org.dragbroker.Provider1", "Provide") { m throws(BusError) in
+            try m.append(objectPath: session)
+            try m.append(item)
+            try m.append(type)
+            try m.append(UInt32(1))
+            try m.append(fileDescriptor: writeEnd)
+        }
+        close(writeEnd)
+        let bytes = FileHandle(fileDescriptor: readEnd, closeOnDealloc: true).readDataToEndOfFile()
+        return (result, bytes)
+    }
+
     func introspect(_ destination: String, _ path: String) throws -> String {
         let reply = try call(destination, path, "org.freedesktop.DBus.Introspectable", "Introspect").get()
         return try reply.readString()
@@ -39,6 +72,12 @@ final class BusProbe {
 }
 
 extension Result where Failure == BusError {
+    /// The error, or nil on success.
+    var failure: BusError? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
+
     /// The error name, or "OK" — what tests compare.
     var errorName: String {
         switch self {

@@ -124,6 +124,15 @@ final class QtDragTests: XCTestCase {
             ], quick ? "quick release" : "drag")
         }
 
+        // Any peer can call the source's exported provider, even naming a session it began: it
+        // serves the broker alone.
+        let probe = try BusProbe(address: world.bus.address)
+        let (stranger, leaked) = try probe.provideAsStranger(try probe.uniqueName(ofProcess: source.process.processIdentifier),
+                                                             path: "/org/dragbroker/Provider1/\(sourceKit.rawValue)",
+                                                             session: Self.session(1), item: 0, type: "text/plain;charset=utf-8")
+        XCTAssertEqual(stranger.failure, BrokerError(.accessDenied, "Only dragbrokerd may request data from this provider").busError)
+        XCTAssertEqual(leaked, Data(), "not one byte for a stranger")
+
         try desktop.drag(from: .source, to: .nothing)
         XCTAssert(sourceLines.waitFor("ENDED cancel \(Steps.cancelled)"), "\(source.stdout.text)\n\(desktop.screenshot(named: shot + "-nothing"))")
         XCTAssertEqual(sourceLines.next(), ["BEGAN \(Self.session(3))", "CANCELLED", "ENDED cancel \(Steps.cancelled)"])
@@ -150,23 +159,31 @@ final class QtDragTests: XCTestCase {
         let (world, desktop) = try DesktopInteropTests.world(backend)
         let source = try DesktopInteropTests.swiftSource(world, desktop)
         let target = try Toolkit.qt.target(accepting: ["image/png"], on: desktop, bus: world.bus)
-        let targetLines = Transcript(target, Self.targetWords)
-        try desktop.drag(from: .source, to: .target)
-        XCTAssert(target.waitFor("CONCLUDED"), "\(target.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt"))")
-        XCTAssertEqual(targetLines.next(), Self.dropped(session: 1, as: "image/png", bytes: DesktopInteropTests.demoPNG.bytes,
-                                                        digest: DesktopInteropTests.demoPNG.sha256))
-        XCTAssert(source.waitFor("source: every transfer finished"), source.stdout.text)
+        let sourceLines = Transcript(source, ["source:"]), targetLines = Transcript(target, Self.targetWords)
+        for (number, quick) in [(1, false), (2, true)] {
+            try quick ? desktop.quickDrag(from: .source, to: .target) : desktop.drag(from: .source, to: .target)
+            XCTAssert(targetLines.waitFor("CONCLUDED"), "\(target.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt"))")
+            XCTAssertEqual(targetLines.next(), Self.dropped(session: number, as: "image/png", bytes: DesktopInteropTests.demoPNG.bytes,
+                                                            digest: DesktopInteropTests.demoPNG.sha256), quick ? "quick release" : "drag")
+            XCTAssert(sourceLines.waitFor("source: every transfer finished"), source.stdout.text)
+            _ = sourceLines.next()
+        }
+
+        try desktop.drag(from: .source, to: .nothing)
+        let cancelled = "source: the session ended with cancel: \(Steps.cancelled): The source cancelled the drag"
+        XCTAssert(sourceLines.waitFor(cancelled), "\(source.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt-nothing"))")
+        XCTAssertEqual(targetLines.next(), [], "the pointer never passed over the target")
 
         // The picture denied, what is left is text the target does not take: it proposes
         // cancel, and the broker's forbidden says policy is why.
         try Self.deny("image/*", in: world)
         try desktop.press(at: .source)
         try desktop.move(to: .target)
-        XCTAssert(target.waitFor("STATUS forbidden"), "\(target.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt-forbidden"))")
+        XCTAssert(targetLines.waitFor("STATUS forbidden"), "\(target.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt-forbidden"))")
         try desktop.release()
-        XCTAssertEqual(targetLines.next(), ["PRESENTED \(Self.session(2))", "ITEMS -", "STATUS forbidden"])
-        let record = try world.daemon.waitForLog { log in try log.sessions().first { $0.sessionID == "s2" } }
-        XCTAssertEqual([record.sessionID, record.outcome], ["s2", "cancelled"])
+        XCTAssertEqual(targetLines.next(), ["PRESENTED \(Self.session(4))", "ITEMS -", "STATUS forbidden"])
+        let sessions = try world.daemon.waitForLog { log in try log.sessions().count == 4 ? log.sessions() : nil }
+        XCTAssertEqual(sessions.map { "\($0.sessionID) \($0.outcome)" }.sorted(), ["s1 completed", "s2 completed", "s3 cancelled", "s4 cancelled"])
     }
 
     /// GTK 4.8 converts XdndSelection with CurrentTime and Qt 5.15 answers only conversions

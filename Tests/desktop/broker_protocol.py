@@ -52,16 +52,25 @@ def read_items(spec):
 
 
 class Provider(dbus.service.Object):
-    """Serves the bytes of a representation once the broker asks, after the drop."""
+    """Serves the bytes of a representation once the broker asks, after the drop. Any peer on
+    the bus can call an exported object, so only the broker's calls, for sessions this app
+    began, are served."""
 
     def __init__(self, bus, path, payloads):
         super().__init__(bus, path)
         self.payloads = payloads
+        self.sessions = set()
 
-    @dbus.service.method(PROVIDER_IFACE, in_signature="ousuh", out_signature="")
-    def Provide(self, session, item, type_, load, data):
+    def began(self, session):
+        self.sessions.add(str(session))
+
+    @dbus.service.method(PROVIDER_IFACE, in_signature="ousuh", out_signature="", sender_keyword="sender")
+    def Provide(self, session, item, type_, load, data, sender=None):
         fd = data.take()
         try:
+            if sender != self.connection.get_name_owner(BUS) or str(session) not in self.sessions:
+                raise dbus.DBusException("Only dragbrokerd may request data from this provider",
+                                         name="org.dragbroker.Broker1.Error.AccessDenied")
             payload = self.payloads.get((int(item), str(type_)))
             if payload is None:
                 raise dbus.DBusException(f"No representation {type_} for item {int(item)}",

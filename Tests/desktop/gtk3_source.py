@@ -75,6 +75,7 @@ class Source(broker_protocol.Origin):
             self.session = self.token = None
             say("ERROR", *error_words(error))
             return
+        self.provider.began(self.session)
         say("BEGAN", self.session)
         # Any X client can read the token from XdndSelection anyway; printing it lets a test
         # check that it dies with the session.

@@ -68,6 +68,7 @@ class Source(qt_loop.Window, broker_protocol.Origin):
             self.session = None
             say("ERROR", error.get_dbus_name(), error.get_dbus_message())
             return
+        self.provider.began(self.session)
         say("BEGAN", self.session)
         say("TOKEN", token)
         mime = QMimeData()

@@ -44,10 +44,15 @@ def source(address, token_pipe):
     loop = GLib.MainLoop()
 
     class Provider(dbus.service.Object):
-        @dbus.service.method("org.dragbroker.Provider1", in_signature="ousuh", out_signature="")
-        def Provide(self, session, item, type_, load, data):
-            print(f"source: provide item {int(item)} as {type_}")
+        @dbus.service.method("org.dragbroker.Provider1", in_signature="ousuh", out_signature="", sender_keyword="sender")
+        def Provide(self, session, item, type_, load, data, sender=None):
             fd = data.take()
+            # Any peer can call an exported object: only the broker is served.
+            if sender != bus.get_name_owner(BUS):
+                os.close(fd)
+                raise dbus.DBusException("Only dragbrokerd may request data from this provider",
+                                         name="org.dragbroker.Broker1.Error.AccessDenied")
+            print(f"source: provide item {int(item)} as {type_}")
             os.write(fd, PAYLOAD)
             os.close(fd)
 

@@ -46,7 +46,15 @@ def source(address, provider_xml, size, token_pipe):
     loop = GLib.MainLoop()
     kept = []
 
+    broker = connection.call_sync("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner",
+                                  GLib.Variant("(s)", ("org.dragbroker.Broker1",)), None, Gio.DBusCallFlags.NONE, -1, None).unpack()[0]
+
     def on_call(connection, sender, path, interface_name, method, parameters, invocation):
+        # Any peer can call an exported object: only the broker is served.
+        if sender != broker:
+            invocation.return_dbus_error("org.dragbroker.Broker1.Error.AccessDenied",
+                                         "Only dragbrokerd may request data from this provider")
+            return
         message = invocation.get_message()
         # get() duplicates; the original stays in the message's fd list, which `kept` holds.
         fd = message.get_unix_fd_list().get(parameters.unpack()[4])

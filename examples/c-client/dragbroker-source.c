@@ -33,7 +33,22 @@ typedef struct {
   gsize size;
   GMainLoop *loop;
   int status;
+  /* Who may ask for the bytes: the broker's unique name, for the session we began. */
+  gchar *broker;
+  gchar *session_path;
 } Source;
+
+/* Any peer on the bus can call an exported object: only the broker, for our session, is served. */
+static gboolean
+refuse_unless_broker (Source *source, GDBusMethodInvocation *invocation, const gchar *session)
+{
+  if (source->broker != NULL && g_strcmp0 (g_dbus_method_invocation_get_sender (invocation), source->broker) == 0
+      && g_strcmp0 (session, source->session_path) == 0)
+    return FALSE;
+  g_dbus_method_invocation_return_error (invocation, DRAGBROKER_ERROR, DRAGBROKER_ERROR_ACCESS_DENIED,
+                                         "Only dragbrokerd may request data from this provider");
+  return TRUE;
+}
 
 static gboolean
 write_all (int fd, const gchar *bytes, gsize size, GError **error)
@@ -62,7 +77,8 @@ on_provide (DragBrokerProvider1 *provider, GDBusMethodInvocation *invocation, GU
   GError *error = NULL;
   int fd;
 
-  (void) session;
+  if (refuse_unless_broker (source, invocation, session))
+    return TRUE;
   printf ("source: provide item %u as %s (load %u)\n", item, type, load);
   if (fd_list == NULL)
     {
@@ -101,7 +117,8 @@ on_provide_file (DragBrokerProvider1 *provider, GDBusMethodInvocation *invocatio
   int fd;
 
   (void) fd_list;
-  (void) session;
+  if (refuse_unless_broker (source, invocation, session))
+    return TRUE;
   printf ("source: provide item %u as a file of %s (load %u)\n", item, type, load);
   /* The broker accepts a regular file opened read-only, or a memfd that can no longer
    * change: what the destination reads is then exactly what we offered. */
@@ -233,11 +250,13 @@ main (int argc, char **argv)
                                                         MANAGER_PATH, NULL, &error);
   if (manager == NULL)
     return fail ("reaching the broker", error);
+  source.broker = g_dbus_proxy_get_name_owner (G_DBUS_PROXY (manager));
   /* a(sdda(sss)): (suggested name, preferred width, height (0: none), [(type, visibility, kind)]). */
   items = g_variant_new_parsed ("[(%s, 0.0, 0.0, [(%s, 'all', %s)])]", name, argv[2], argv[1]);
   if (!drag_broker_broker1_manager_call_begin_session_sync (manager, items, g_variant_new_parsed ("@a{sv} {}"),
                                                              PROVIDER_PATH, &path, &token, NULL, &error))
     return fail ("BeginSession", error);
+  source.session_path = path;
 
   /* Subscribed before the token leaves this process, so no signal can come first. */
   session = drag_broker_broker1_session_proxy_new_sync (bus, G_DBUS_PROXY_FLAGS_DO_NOT_LOAD_PROPERTIES, BROKER_NAME,
@@ -264,6 +283,7 @@ main (int argc, char **argv)
   g_object_unref (provider);
   g_object_unref (bus);
   g_free (path);
+  g_free (source.broker);
   g_free (token);
   g_free (name);
   g_free (source.bytes);
