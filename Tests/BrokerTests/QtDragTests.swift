@@ -25,7 +25,7 @@ final class QtDragTests: XCTestCase {
     func testWaylandQtSourceToGtk3Target() throws { try pair(.wayland, source: .qt, target: .gtk3) }
     func testWaylandGtk3SourceToQtTarget() throws { try pair(.wayland, source: .gtk3, target: .qt) }
     func testWaylandSwiftSourceToQtTarget() throws { try swiftSourceToQtTarget(.wayland) }
-    // PyQt5 → Swift on Wayland works: DesktopInteropTests.testWaylandPyQtToSwift.
+    func testWaylandQtSourceToSwiftTarget() throws { try qtSourceToSwiftTargetOnWayland() }
     func testWaylandGtk3SourceToCppQtTarget() throws { try gtk3SourceToCppTarget(.wayland) }
     func testWaylandABystandersEnterDoesNotBreakTheDropOnAQtTarget() throws { try bystanderDuringARealDrag(.wayland) }
 
@@ -184,6 +184,47 @@ final class QtDragTests: XCTestCase {
         XCTAssertEqual(targetLines.next(), ["PRESENTED \(Self.session(4))", "ITEMS -", "STATUS forbidden"])
         let sessions = try world.daemon.waitForLog { log in try log.sessions().count == 4 ? log.sessions() : nil }
         XCTAssertEqual(sessions.map { "\($0.sessionID) \($0.outcome)" }.sorted(), ["s1 completed", "s2 completed", "s3 cancelled", "s4 cancelled"])
+    }
+
+    /// On Wayland the pair works: the four drags of `pair`, with the Swift demo target.
+    func qtSourceToSwiftTargetOnWayland() throws {
+        let (world, desktop) = try DesktopInteropTests.world(.wayland)
+        let picture = world.directory.appendingPathComponent("harbour.png")
+        try Desktop.run("/usr/bin/convert", ["-size", "160x120", "gradient:navy-orange", "png:\(picture.path)"], environment: ["PATH": "/usr/bin:/bin"])
+        let size = try XCTUnwrap(FileManager.default.attributesOfItem(atPath: picture.path)[.size] as? Int)
+        let source = try Toolkit.qt.source(items: #"[{"name":"harbour.png","reps":[{"type":"image/png","file":"\#(picture.path)"}]}]"#,
+                                           on: desktop, bus: world.bus)
+        let received = world.directory.appendingPathComponent("received")
+        let target = try DesktopInteropTests.swiftTarget(world, desktop, received)
+        let sourceLines = Transcript(source, Steps.sourceSteps), targetLines = Transcript(target, ["target:"])
+        for quick in [false, true] {
+            try quick ? desktop.quickDrag(from: .source, to: .target) : desktop.drag(from: .source, to: .target)
+            XCTAssert(targetLines.waitFor("target: concluded the copy"), "\(target.stdout.text)\n\(desktop.screenshot(named: "qt-to-swift"))")
+            XCTAssertEqual(targetLines.next().filter { $0.hasPrefix("target: received") },
+                           ["target: received \(size) bytes (89 50 4e 47 0d 0a 1a 0a …), saved to \(received.path)/harbour.png"],
+                           quick ? "quick release" : "drag")
+            XCTAssertEqual(try sha256(of: received.appendingPathComponent("harbour.png")), try sha256(of: picture))
+            XCTAssert(sourceLines.waitFor("TRANSFER-FINISHED"), source.stdout.text)
+            _ = sourceLines.next()
+        }
+
+        try desktop.drag(from: .source, to: .nothing)
+        XCTAssert(sourceLines.waitFor("ENDED cancel \(Steps.cancelled)"), "\(source.stdout.text)\n\(desktop.screenshot(named: "qt-to-swift-nothing"))")
+        XCTAssertEqual(sourceLines.next(), ["BEGAN \(Self.session(3))", "CANCELLED", "ENDED cancel \(Steps.cancelled)"])
+
+        try Self.deny("image/*", in: world)
+        try desktop.press(at: .source)
+        try desktop.move(to: .target)
+        let refused = "target: the administrator's policy refuses this drop: the drop is refused"
+        XCTAssert(targetLines.waitFor(refused), "\(target.stdout.text)\n\(desktop.screenshot(named: "qt-to-swift-forbidden"))")
+        try desktop.release()
+        XCTAssert(sourceLines.waitFor("ENDED cancel \(Steps.cancelled)"), source.stdout.text)
+        XCTAssertEqual(targetLines.next(), [refused])
+        let sessions = try world.daemon.waitForLog { log in try log.sessions().count == 4 ? log.sessions() : nil }
+        XCTAssertEqual(sessions.map { "\($0.sessionID) \($0.outcome)" }.sorted(), ["s1 completed", "s2 completed", "s3 cancelled", "s4 cancelled"])
+        let loads = try TransferLog.openReadOnly(path: world.daemon.transferLogPath).loads()
+        XCTAssertEqual(loads.map { "\($0.sessionID) \($0.typeIdentifier) \($0.bytes) \($0.outcome)" }.sorted(),
+                       ["s1 image/png \(size) completed", "s2 image/png \(size) completed"])
     }
 
     /// GTK 4.8 converts XdndSelection with CurrentTime and Qt 5.15 answers only conversions
