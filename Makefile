@@ -2,7 +2,7 @@
 SWIFT ?= swift
 BIN := .build/debug
 
-.PHONY: all deps build test demo bench install uninstall clean
+.PHONY: all deps build test demo bench interfaces install uninstall clean
 
 all: build
 
@@ -19,6 +19,11 @@ test: deps
 
 demo: build
 	@scripts/demo
+
+# The published interface XML, written from the tables in Sources/BrokerProtocol/Interfaces.swift
+# after a member changes there; `make test` fails while the files and the tables differ.
+interfaces:
+	$(SWIFT) run generate-interfaces Sources/BrokerProtocol/Interfaces
 
 # Throughput and latency through the daemon against a plain pipe and a bus echo (release build).
 bench: deps

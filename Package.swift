@@ -101,6 +101,12 @@ let package = Package(
                            .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Bench"
         ),
+        // `make interfaces`: the published XML, written from the interface tables.
+        .executableTarget(
+            name: "generate-interfaces",
+            dependencies: ["BrokerProtocol"],
+            path: "Sources/GenerateInterfaces"
+        ),
         .target(name: "UniformTypes"),
         .testTarget(
             name: "UniformTypesTests",

@@ -94,14 +94,16 @@ public actor BrokerConnection {
 
     /// Calls a broker method. `build` appends the arguments and `decode` reads the reply, both
     /// here on the loop, where the messages live: only the decoded value leaves.
-    func call<T: Sendable>(path: String, interface: String, member: String, timeout: UInt64 = 0,
-                           build: (Message) throws(BusError) -> Void = { _ in },
-                           decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+    func call<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                                   build: (Message) throws(BusError) -> Void = { _ in },
+                                                   decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         if let brokerGone { throw brokerGone }
         let reply: Message
         do {
-            let message = try bus.newMethodCall(destination: brokerName, path: path, interface: interface, member: member)
+            let message = try bus.newMethodCall(destination: brokerName, path: path, interface: Member.interfaceName, member: member.name)
             try build(message)
+            // The row is the contract: arguments that drift from it fail every test that makes the call.
+            assert(message.signature == member.signature, "\(member.name) built (\(message.signature)), its row says (\(member.signature))")
             reply = try await bus.call(message, timeout: timeout)
         } catch {
             throw BrokerError(error)
@@ -114,25 +116,23 @@ public actor BrokerConnection {
     }
 
     /// Calls a broker method whose reply carries nothing to read.
-    func call(path: String, interface: String, member: String, timeout: UInt64 = 0,
-              build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
-        try await call(path: path, interface: interface, member: member, timeout: timeout, build: build,
-                       decode: { _ throws(BusError) in })
+    func call<Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                      build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+        try await call(path: path, member, timeout: timeout, build: build, decode: { _ throws(BusError) in })
     }
 
-    private func callManager<T: Sendable>(_ member: String, build: (Message) throws(BusError) -> Void = { _ in },
+    private func callManager<T: Sendable>(_ member: ManagerMember, build: (Message) throws(BusError) -> Void = { _ in },
                                           decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: member,
-                       build: build, decode: decode)
+        try await call(path: BrokerNames.managerPath, member, build: build, decode: decode)
     }
 
-    private func callManager(_ member: String, build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
-        try await call(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface, member: member, build: build)
+    private func callManager(_ member: ManagerMember, build: (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+        try await call(path: BrokerNames.managerPath, member, build: build)
     }
 
     /// The live sessions, as an operator sees them.
     public func listSessions() async throws(BrokerError) -> [SessionSummary] {
-        try await callManager("ListSessions", decode: { reply throws(BusError) in
+        try await callManager(.listSessions, decode: { reply throws(BusError) in
             var sessions: [SessionSummary] = []
             _ = try reply.enterContainer("a", SessionSummary.signature)
             while let summary = try SessionSummary.decode(from: reply) { sessions.append(summary) }
@@ -149,7 +149,7 @@ public actor BrokerConnection {
         do {
             // Subscribed before asking, so no event falls between the two.
             slot = try bus.matchSignal(sender: brokerName, path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
-                                       member: "MonitorEvent") { m in
+                                       member: ManagerMember.monitorEvent.name) { m in
                 guard let session = try? m.readString(), let event = try? m.readString(), let detail = try? m.readString(),
                       let bytes = try? m.readUInt64(), let expected = try? m.readUInt64() else { return }
                 continuation.yield(MonitorEvent(session: session, event: event, detail: detail, bytes: bytes, expected: expected))
@@ -166,7 +166,7 @@ public actor BrokerConnection {
             Task { await self?.endMonitor(generation) }
         }
         do {
-            try await callManager("Monitor")
+            try await callManager(.monitor)
         } catch {
             endMonitor(generation)
             throw error
@@ -182,18 +182,18 @@ public actor BrokerConnection {
 
     /// One session in detail, as an operator may see it.
     public func describeSession(_ id: String) async throws(BrokerError) -> SessionDetails {
-        try await callManager("DescribeSession", build: { m throws(BusError) in try m.append(id) },
+        try await callManager(.describeSession, build: { m throws(BusError) in try m.append(id) },
                               decode: { reply throws(BusError) in try SessionDetails.decode(from: reply) })
     }
 
     /// Ends a session as an administrator; every party hears `Cancelled`.
     public func cancelSession(_ id: String) async throws(BrokerError) {
-        try await callManager("CancelSession", build: { m throws(BusError) in try m.append(id) })
+        try await callManager(.cancelSession, build: { m throws(BusError) in try m.append(id) })
     }
 
     /// Cancels one load of a session as an administrator.
     public func cancelLoad(session id: String, load: UInt32) async throws(BrokerError) {
-        try await callManager("CancelLoad", build: { m throws(BusError) in
+        try await callManager(.cancelLoad, build: { m throws(BusError) in
             try m.append(id)
             try m.append(load)
         })
@@ -201,22 +201,22 @@ public actor BrokerConnection {
 
     /// How the broker sees this app: identity comes from the kernel, never from the client.
     public func whoAmI() async throws(BrokerError) -> BrokerIdentity {
-        BrokerIdentity(try await callManager("WhoAmI", decode: { reply throws(BusError) in try reply.readVariantDictionary() }))
+        BrokerIdentity(try await callManager(.whoAmI, decode: { reply throws(BusError) in try reply.readVariantDictionary() }))
     }
 
     /// The policy in effect, each entry with the file and line it came from.
     public func policy() async throws(BrokerError) -> String {
-        try await callManager("GetPolicy", decode: { reply throws(BusError) in try reply.readString() })
+        try await callManager(.getPolicy, decode: { reply throws(BusError) in try reply.readString() })
     }
 
     /// What the broker holds now, per app and user (administrators only).
     public func usage() async throws(BrokerError) -> UsageReport {
-        try await callManager("GetUsage", decode: { reply throws(BusError) in try UsageReport.decode(from: reply) })
+        try await callManager(.getUsage, decode: { reply throws(BusError) in try UsageReport.decode(from: reply) })
     }
 
     /// Asks the broker to reload its policy files; a bad file is reported and changes nothing.
     public func reloadPolicy() async throws(BrokerError) {
-        try await callManager("ReloadPolicy")
+        try await callManager(.reloadPolicy)
     }
 
     // MARK: Source
@@ -229,18 +229,22 @@ public actor BrokerConnection {
         let object: ExportedObject
         do {
             object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
-                                    implementation: InterfaceImplementation(methods: [
-                                        "Provide": { [unowned self] call throws(BusError) in
-                                            try serve(call) { connection, call throws(BusError) in try connection.provide(call) }
-                                        },
-                                        "ProvideFile": { [unowned self] call throws(BusError) in
-                                            try serve(call) { connection, call throws(BusError) in try connection.provideFile(call) }
-                                        },
-                                    ]))
+                                    implementation: InterfaceImplementation(ProviderMember.self) { member in
+                                        switch member {
+                                        case .provide:
+                                            .method { [unowned self] call throws(BusError) in
+                                                try serve(call) { connection, call throws(BusError) in try connection.provide(call) }
+                                            }
+                                        case .provideFile:
+                                            .method { [unowned self] call throws(BusError) in
+                                                try serve(call) { connection, call throws(BusError) in try connection.provideFile(call) }
+                                            }
+                                        }
+                                    })
         } catch {
             throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
         }
-        let (path, token) = try await callManager("BeginSession", build: { m throws(BusError) in
+        let (path, token) = try await callManager(.beginSession, build: { m throws(BusError) in
             try m.openContainer("a", ItemDescriptor.signature)
             for item in items { try item.itemProvider.descriptor.encode(to: m) }
             try m.closeContainer()
@@ -348,7 +352,7 @@ public actor BrokerConnection {
     }
 
     private func announce(_ sessionPath: String, _ load: UInt32, _ size: UInt64) async {
-        try? await call(path: sessionPath, interface: BrokerNames.sessionInterface, member: "SetExpectedSize", build: { m throws(BusError) in
+        try? await call(path: sessionPath, SessionMember.setExpectedSize, build: { m throws(BusError) in
             try m.append(load)
             try m.append(size)
         })
@@ -386,7 +390,7 @@ public actor BrokerConnection {
     /// Presents a drag's token: the destination may then see the items' visible types and
     /// propose, and after `performDrop` load.
     public func presentToken(_ token: String) async throws(BrokerError) -> DropSession {
-        let path = try await callManager("PresentToken", build: { m throws(BusError) in try m.append(token) },
+        let path = try await callManager(.presentToken, build: { m throws(BusError) in try m.append(token) },
                                          decode: { reply throws(BusError) in try reply.readObjectPath() })
         if case .destination(let existing) = routes[path]?.role { return existing }
         let session = DropSession(connection: self, path: path)
@@ -430,7 +434,7 @@ public actor BrokerConnection {
         let added = items.map(\.itemProvider)
         providers[path]?.items += added
         do {
-            try await call(path: path, interface: BrokerNames.sessionInterface, member: "AddItems", build: { m throws(BusError) in
+            try await call(path: path, SessionMember.addItems, build: { m throws(BusError) in
                 try m.openContainer("a", ItemDescriptor.signature)
                 for item in items { try item.itemProvider.descriptor.encode(to: m) }
                 try m.closeContainer()

@@ -31,14 +31,14 @@ public final class DropSession: Sendable {
     }
 
     /// Calls a session method; `decode` reads the reply on the event loop.
-    private func call<T: Sendable>(_ member: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in },
+    private func call<T: Sendable>(_ member: SessionMember, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in },
                                    decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        try await connection.call(path: path, interface: BrokerNames.sessionInterface, member: member, build: build, decode: decode)
+        try await connection.call(path: path, member, build: build, decode: decode)
     }
 
     /// The items, with only the types this app may see: enough for "can handle" decisions.
     public func items() async throws(BrokerError) -> [VisibleItem] {
-        try await call("GetItems", decode: { reply throws(BusError) in
+        try await call(.getItems, decode: { reply throws(BusError) in
             var items: [VisibleItem] = []
             _ = try reply.enterContainer("a", VisibleItem.signature)
             while let item = try VisibleItem.decode(from: reply) { items.append(item) }
@@ -51,7 +51,7 @@ public final class DropSession: Sendable {
     /// `type`: a MIME type (`text/plain` covers `text/x-python`), a wildcard (`image/*`) or a
     /// UTI (`public.image`). Answered before the drop, from the system's MIME database.
     public func items(conformingTo type: String) async throws(BrokerError) -> [Int] {
-        try await call("ConformingItems", { m throws(BusError) in try m.append(type) }, decode: { reply throws(BusError) in
+        try await call(.conformingItems, { m throws(BusError) in try m.append(type) }, decode: { reply throws(BusError) in
             var indices: [Int] = []
             _ = try reply.enterContainer("a", "u")
             while try reply.peekType() != nil { indices.append(Int(try reply.readUInt32())) }
@@ -67,21 +67,21 @@ public final class DropSession: Sendable {
 
     /// The drag entered this destination with a proposal; returns what the broker allows.
     public func enter(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
-        try await propose("Enter", proposal)
+        try await propose(.enter, proposal)
     }
 
     /// The drag moved; returns what the broker allows for the new proposal.
     public func update(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
-        try await propose("Update", proposal)
+        try await propose(.update, proposal)
     }
 
     public func exit() async throws(BrokerError) {
-        try await call("Exit", decode: { _ throws(BusError) in })
+        try await call(.exit, decode: { _ throws(BusError) in })
     }
 
     /// Performs the drop with the current proposal; from now on this destination alone may load.
     public func performDrop() async throws(BrokerError) -> DropOperation {
-        try await operation(from: call("PerformDrop", decode: { reply throws(BusError) in try reply.readString() }))
+        try await operation(from: call(.performDrop, decode: { reply throws(BusError) in try reply.readString() }))
     }
 
     /// Loads one representation's bytes into memory; the source's load handler runs only
@@ -152,7 +152,7 @@ public final class DropSession: Sendable {
                       consume: @escaping @Sendable (FileDescriptor, RepresentationKind) async throws -> UInt64) async throws(BrokerError) -> UInt64 {
         guard let index = UInt32(exactly: item) else { throw .invalidArgument("Item index \(item) is out of range") }
         try Self.checkCancellation()
-        let (fd, id, kindName) = try await call("Load", { m throws(BusError) in
+        let (fd, id, kindName) = try await call(.load, { m throws(BusError) in
             try m.append(index)
             try m.append(typeIdentifier)
         }, decode: { [self] reply throws(BusError) in
@@ -176,7 +176,7 @@ public final class DropSession: Sendable {
                 try await consume(fd, kind)
             } onCancel: {
                 Task { [connection, path] in
-                    try? await connection.call(path: path, interface: BrokerNames.sessionInterface, member: "CancelLoad",
+                    try? await connection.call(path: path, SessionMember.cancelLoad,
                                                build: { m throws(BusError) in try m.append(id) })
                 }
             }
@@ -218,10 +218,10 @@ public final class DropSession: Sendable {
     /// Ends the session after the drop: the source learns the operation, and when the
     /// transfers finish.
     public func conclude() async throws(BrokerError) {
-        try await call("Conclude", decode: { _ throws(BusError) in })
+        try await call(.conclude, decode: { _ throws(BusError) in })
     }
 
-    private func propose(_ member: String, _ proposal: DropOperation) async throws(BrokerError) -> DropOperation {
+    private func propose(_ member: SessionMember, _ proposal: DropOperation) async throws(BrokerError) -> DropOperation {
         try await operation(from: call(member, { m throws(BusError) in try m.append(proposal.rawValue) },
                                        decode: { reply throws(BusError) in try reply.readString() }))
     }

@@ -15,21 +15,21 @@ enum SessionSignal: Sendable, Equatable {
     /// arguments.
     init?(member: String, _ m: Message) {
         do throws(BusError) {
-            switch member {
-            case "WillEnd":
+            switch SessionMember(rawValue: member) {
+            case .willEnd:
                 guard let operation = DropOperation(rawValue: try m.readString()) else { return nil }
                 self = .willEnd(operation)
-            case "Ended":
+            case .ended:
                 guard let operation = DropOperation(rawValue: try m.readString()) else { return nil }
                 self = .ended(operation, Self.error(name: try m.readString(), message: try m.readString()))
-            case "LoadProgress":
+            case .loadProgress:
                 let load = try m.readUInt32(), bytes = try m.readUInt64(), expected = try m.readUInt64()
                 self = .loadProgress(load: load, bytes: bytes, expected: expected == 0 ? nil : expected)
-            case "LoadFinished":
+            case .loadFinished:
                 let load = try m.readUInt32(), bytes = try m.readUInt64()
                 let error = Self.error(name: try m.readString(), message: try m.readString())
                 self = .loadFinished(load: load, LoadOutcome(bytes: bytes, error: error))
-            case "TransferFinished":
+            case .transferFinished:
                 self = .transferFinished
             default:
                 return nil

@@ -256,16 +256,16 @@ public final class ExportedObject: @unchecked Sendable {
 }
 
 /// One interface served for a family of objects under a prefix, which exist per caller:
-/// `find` decides whether the path exists for the calling peer (nil while emitting our own
-/// signals), and `enumerate` which children each peer sees in introspection and
+/// `find` decides whether the path exists for the message being handled (nil while emitting
+/// our own signals), and `enumerate` which children each peer sees in introspection and
 /// ObjectManager. What a peer may not see does not exist for it.
 public final class ExportedSubtree: @unchecked Sendable {
-    public typealias Find = (_ path: String, _ caller: String?) -> ObjectHandlers?
+    public typealias Find = (_ path: String, _ message: Message?) -> ObjectHandlers?
     public typealias Enumerate = (_ caller: String?) -> [String]
     private let vtable: VTable
     private let find: Find
     private let enumerate: Enumerate
-    private unowned let bus: Bus
+    fileprivate unowned let bus: Bus
     private let loop: EventLoop
     private var vtableSlot: OpaquePointer?
     private var enumeratorSlot: OpaquePointer?
@@ -280,14 +280,14 @@ public final class ExportedSubtree: @unchecked Sendable {
         let me = Unmanaged.passUnretained(self).toOpaque()
         var r = sd_bus_add_fallback_vtable(bus.handle, &vtableSlot, prefix, interface.name, vtable.table, { bus, path, _, userdata, found, _ in
             let subtree = Unmanaged<ExportedSubtree>.fromOpaque(userdata!).takeUnretainedValue()
-            guard let handlers = subtree.find(String(cString: path!), subtree.currentCaller) else { return 0 }
+            guard let handlers = subtree.find(String(cString: path!), subtree.bus.currentMessage) else { return 0 }
             found!.pointee = Unmanaged.passUnretained(handlers).toOpaque()
             return 1
         }, me)
         try check(r, "exporting \(interface.name) under \(prefix)")
         r = sd_bus_add_node_enumerator(bus.handle, &enumeratorSlot, prefix, { _, _, userdata, nodes, _ in
             let subtree = Unmanaged<ExportedSubtree>.fromOpaque(userdata!).takeUnretainedValue()
-            let paths = subtree.enumerate(subtree.currentCaller)
+            let paths = subtree.enumerate(subtree.bus.currentMessage?.sender)
             // sd-bus frees the array and its strings with free(3), so both come from malloc(3).
             let size = MemoryLayout<UnsafeMutablePointer<CChar>?>.stride * (paths.count + 1)
             guard let raw = malloc(size) else { return -ENOMEM }
@@ -300,12 +300,6 @@ public final class ExportedSubtree: @unchecked Sendable {
         try check(r, "enumerating \(prefix)")
     }
 
-    /// The peer whose message sd-bus is handling, if any.
-    private var currentCaller: String? {
-        guard let message = sd_bus_get_current_message(bus.handle) else { return nil }
-        return sd_bus_message_get_sender(message).map { String(cString: $0) }
-    }
-
     deinit {
         loop.preconditionCurrentOrIdle("exported subtree released")
         sd_bus_slot_unref(enumeratorSlot)
@@ -314,6 +308,12 @@ public final class ExportedSubtree: @unchecked Sendable {
 }
 
 extension Bus {
+    /// The message sd-bus is handling now, if any: the same one for its filters, its find
+    /// callbacks, the method handler and property getters it runs for that message.
+    public var currentMessage: Message? {
+        sd_bus_get_current_message(handle).map { Message(borrowing: $0, loop: loop) }
+    }
+
     /// Exports `interface` at `path`, dispatching to `implementation`'s handlers on the loop thread.
     public func export(path: String, interface: InterfaceDescription,
                        implementation: InterfaceImplementation) throws(BusError) -> ExportedObject {

@@ -35,6 +35,14 @@ public final class Message {
     public var destination: String? { sd_bus_message_get_destination(handle).map { String(cString: $0) } }
     public var member: String? { sd_bus_message_get_member(handle).map { String(cString: $0) } }
     public var path: String? { sd_bus_message_get_path(handle).map { String(cString: $0) } }
+    /// The sender's serial number for the message: with the sender, it names the message.
+    public var cookie: UInt64 {
+        var cookie: UInt64 = 0
+        _ = sd_bus_message_get_cookie(handle, &cookie)
+        return cookie
+    }
+    /// The signature of everything the message carries.
+    public var signature: String { sd_bus_message_get_signature(handle, 1).map { String(cString: $0) } ?? "" }
     public var interface: String? { sd_bus_message_get_interface(handle).map { String(cString: $0) } }
 
     /// The error this message carries, when it is an error reply.
@@ -228,6 +236,14 @@ public struct MessageWriter: ~Copyable {
         guard !failed else { return }
         let contentsPointer = UnsafeRawPointer(contents.utf8Start).assumingMemoryBound(to: CChar.self)
         record(sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), contentsPointer), "open container \(type)\(contents)")
+    }
+
+    /// For contents known only at run time, such as a property's signature from its table row.
+    public mutating func open(_ type: Unicode.Scalar, _ contents: String) {
+        guard !failed else { return }
+        let handle = handle
+        let r = contents.withCString { sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), $0) }
+        record(r, "open container \(type)\(contents)")
     }
 
     public mutating func close() {

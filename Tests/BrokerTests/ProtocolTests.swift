@@ -124,6 +124,18 @@ final class ProtocolTests: XCTestCase {
         XCTAssertEqual(listed, [path: [:], own: all])
     }
 
+    /// The files are written from the interface tables (`make interfaces`): byte for byte,
+    /// members, signatures, argument names, annotations, error names and documentation.
+    func testPublishedXMLIsWhatTheInterfaceTablesSay() throws {
+        XCTAssertEqual(BrokerInterfaces.publishedXML.map(\.name), [BrokerNames.managerInterface, BrokerNames.sessionInterface, BrokerNames.providerInterface])
+        for (name, xml) in BrokerInterfaces.publishedXML {
+            let shipped = try String(contentsOf: Self.interfacesDirectory.appendingPathComponent("\(name).xml"), encoding: .utf8)
+            XCTAssertEqual(shipped, xml, "\(name).xml differs from its table: run `make interfaces` after changing the table")
+        }
+        let shippedFiles = try FileManager.default.contentsOfDirectory(atPath: Self.interfacesDirectory.path).sorted()
+        XCTAssertEqual(shippedFiles, BrokerInterfaces.publishedXML.map { "\($0.name).xml" }.sorted(), "no file without a table")
+    }
+
     func testPublishedXMLEqualsWhatTheDaemonAndTheClientServe() throws {
         let world = try World()
         let source = try world.peer("source-app")

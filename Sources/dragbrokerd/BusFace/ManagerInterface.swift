@@ -13,36 +13,37 @@ final class ManagerInterface {
     init(daemon: Daemon) throws(BusError) {
         self.daemon = daemon
         let dispatcher = daemon.dispatcher
-        func method(_ name: String, _ body: @escaping (ManagerInterface, MethodCall) throws -> Void) -> (String, InterfaceImplementation.MethodHandler) {
-            (name, dispatcher.serve(name) { [unowned self] call in try body(self, call) })
+        func method(_ member: ManagerMember, _ body: @escaping (ManagerInterface, MethodCall) throws -> Void) -> MemberBinding {
+            .method(dispatcher.serve(member.name) { [unowned self] call in try body(self, call) })
         }
         exported = try daemon.bus.export(
             path: BrokerNames.managerPath, interface: BrokerInterfaces.manager,
-            implementation: InterfaceImplementation(
-                methods: Dictionary(uniqueKeysWithValues: [
-                    method("BeginSession") { try $0.beginSession($1) },
-                    method("PresentToken") { try $0.presentToken($1) },
-                    method("ListSessions") { try $0.listSessions($1) },
-                    method("WhoAmI") { try $0.whoAmI($1) },
-                    method("CancelLoad") { try $0.cancelLoad($1) },
-                    method("DescribeSession") { try $0.describeSession($1) },
-                    method("CancelSession") { try $0.cancelSession($1) },
-                    method("Monitor") { try $0.monitor($1) },
-                    method("GetPolicy") { try $0.getPolicy($1) },
-                    method("ReloadPolicy") { try $0.reloadPolicy($1) },
-                    method("GetUsage") { try $0.getUsage($1) },
-                ]),
-                properties: [
-                    "Version": { m, _ throws(BusError) in try m.append(BrokerVersion.current) },
-                    "SessionCount": { [unowned self] m, _ throws(BusError) in try m.append(UInt32(try sessionCount(for: m.destination))) },
-                ]))
+            implementation: InterfaceImplementation(ManagerMember.self) { member in
+                switch member {
+                case .beginSession: method(member) { try $0.beginSession($1) }
+                case .presentToken: method(member) { try $0.presentToken($1) }
+                case .listSessions: method(member) { try $0.listSessions($1) }
+                case .cancelLoad: method(member) { try $0.cancelLoad($1) }
+                case .describeSession: method(member) { try $0.describeSession($1) }
+                case .cancelSession: method(member) { try $0.cancelSession($1) }
+                case .monitor: method(member) { try $0.monitor($1) }
+                case .whoAmI: method(member) { try $0.whoAmI($1) }
+                case .getPolicy: method(member) { try $0.getPolicy($1) }
+                case .reloadPolicy: method(member) { try $0.reloadPolicy($1) }
+                case .getUsage: method(member) { try $0.getUsage($1) }
+                case .version: .property { m, _ throws(BusError) in try m.append(BrokerVersion.current) }
+                case .sessionCount:
+                    .property { [unowned self] m, _ throws(BusError) in try m.append(UInt32(try sessionCount(for: m.destination))) }
+                case .monitorEvent: .signal
+                }
+            })
     }
 
     /// SessionCount is per caller, so a broadcast can only say that it changed (it is declared
     /// to emit invalidation): each listener reads its own value again.
     func sessionCountChanged() {
         try? daemon.bus.emitPropertiesChanged(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
-                                               properties: ["SessionCount"])
+                                               properties: [ManagerMember.sessionCount.name])
     }
 
     /// How many sessions ListSessions shows `caller`: the count must tell a caller no more than

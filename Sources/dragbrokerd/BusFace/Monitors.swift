@@ -34,7 +34,7 @@ final class Monitors {
         for (name, watcher) in watchers where session.mayBeInspected(by: watcher) {
             do {
                 try bus.emitSignal(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
-                                   member: "MonitorEvent", destination: name) { m throws(BusError) in
+                                   member: ManagerMember.monitorEvent.name, destination: name) { m throws(BusError) in
                     try m.append(session.id)
                     try m.append(event)
                     try m.append(detail)

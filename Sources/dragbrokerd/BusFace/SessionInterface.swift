@@ -28,11 +28,9 @@ final class SessionInterface {
         let prefix = String(BrokerNames.sessionPath(id: "").dropLast())
         subtree = try bus.exportSubtree(
             prefix: prefix, interface: BrokerInterfaces.session, template: implementation,
-            find: { [unowned self] path, caller in
-                guard let session = registry.session(atPath: path), exists(session, for: caller, identity(of: caller)) else {
-                    return nil
-                }
-                return handlers
+            find: { [unowned self] path, message in
+                guard let message else { return registry.session(atPath: path) == nil ? nil : handlers }
+                return session(addressedBy: message) == nil ? nil : handlers
             },
             enumerate: { [unowned self] caller in
                 let identity = identity(of: caller)
@@ -60,7 +58,7 @@ final class SessionInterface {
             guard m.interface == BrokerNames.sessionInterface || isProperties, let path = m.path, path.hasPrefix(prefix + "/") else {
                 return false
             }
-            guard let session = registry.session(atPath: path), exists(session, for: call.sender, identity(of: call.sender)) else {
+            guard let session = session(addressedBy: m) else {
                 call.fail(BrokerError.notFound("No live session at \(path): it ended or never existed").busError)
                 return true
             }
@@ -76,6 +74,30 @@ final class SessionInterface {
     }
 
     private static let propertiesInterface = "org.freedesktop.DBus.Properties"
+
+    /// The session the message sd-bus is handling is about, found once, as logind's
+    /// `session_object_find` does: the fallback above (which sd-bus runs first) finds it, and
+    /// the subtree's find callback, the handler, its refusal's record and a property's getter
+    /// take it from here. Named by the message and its cookie, so no other message's answer is
+    /// ever used; weak, so a session that ended is not kept for it.
+    private struct Found {
+        /// A sender's cookie names its message; the address alone may be a freed one's.
+        let sender: String?
+        let cookie: UInt64
+        let message: OpaquePointer
+        weak var session: Session?
+    }
+    private var found: Found?
+
+    /// The session `message` is addressed to, if it exists for the sender (a party, or one who
+    /// may inspect it); nil as for a session that never existed.
+    private func session(addressedBy message: Message) -> Session? {
+        let cookie = message.cookie, caller = message.sender
+        if let found, found.cookie == cookie, found.message == message.handle, found.sender == caller { return found.session }
+        let session = message.path.flatMap(registry.session(atPath:)).flatMap { exists($0, for: caller, identity(of: caller)) ? $0 : nil }
+        found = Found(sender: caller, cookie: cookie, message: message.handle, session: session)
+        return session
+    }
 
     /// The identity of whoever sd-bus is serving, once per question however many sessions it
     /// covers; nil for our own emissions, or a caller that can no longer be identified.
@@ -96,84 +118,71 @@ final class SessionInterface {
     private var implementation: InterfaceImplementation {
         let dispatcher = daemon.dispatcher
         let atPath: (MethodCall) -> (session: Session?, subject: String?) = { [unowned self] call in
-            (call.message.path.flatMap(registry.session(atPath:)), nil)
+            (session(addressedBy: call.message), nil)
         }
-        func method(_ name: String, _ body: @escaping (SessionInterface, MethodCall, Session, AppIdentity) throws -> Void) -> (String, InterfaceImplementation.MethodHandler) {
-            (name, dispatcher.serve(name, context: atPath) { [unowned self] call in
+        func method(_ member: SessionMember, _ body: @escaping (SessionInterface, MethodCall, Session, AppIdentity) throws -> Void) -> MemberBinding {
+            .method(dispatcher.serve(member.name, context: atPath) { [unowned self] call in
                 let (session, caller) = try party(of: call)
                 try body(self, call, session, caller)
             })
         }
-        func property(_ name: String, _ append: @escaping (Session, Message) throws(BusError) -> Void) -> (String, InterfaceImplementation.PropertyGetter) {
-            (name, { [unowned self] reply, path throws(BusError) in
-                guard let session = registry.session(atPath: path) else { throw BrokerError.notFound("No such session").busError }
-                try readable(session, reply) { m throws(BusError) in try append(session, m) }
-            })
+        func property(_ member: SessionMember) -> MemberBinding {
+            .property { [unowned self] reply, path throws(BusError) in
+                guard let session = bus.currentMessage.map(session(addressedBy:)) ?? registry.session(atPath: path) else {
+                    throw BrokerError.notFound("No such session").busError
+                }
+                try readable(session, reply) { m throws(BusError) in try m.write { Self.append(member, of: session, to: &$0) } }
+            }
         }
         let loadContext: (MethodCall) -> (session: Session?, subject: String?) = { [unowned self] call in
             _ = try? call.message.readUInt32()
-            return (call.message.path.flatMap(registry.session(atPath:)), try? call.message.readString())
+            return (session(addressedBy: call.message), try? call.message.readString())
         }
-        return InterfaceImplementation(
-            methods: Dictionary(uniqueKeysWithValues: [
-                method("GetItems") { try $0.getItems($1, $2, $3) },
-                method("ConformingItems") { try $0.conformingItems($1, $2, $3) },
-                method("AddItems") { try $0.addItems($1, $2, $3) },
-                method("Enter") { try $0.propose($1, $2, $3, entering: true) },
-                method("Update") { try $0.propose($1, $2, $3, entering: false) },
-                method("Exit") { try $0.exit($1, $2, $3) },
-                method("PerformDrop") { try $0.performDrop($1, $2, $3) },
-                ("Load", dispatcher.serve("Load", context: loadContext) { [unowned self] call in
+        return InterfaceImplementation(SessionMember.self) { member in
+            switch member {
+            case .getItems: method(member) { try $0.getItems($1, $2, $3) }
+            case .conformingItems: method(member) { try $0.conformingItems($1, $2, $3) }
+            case .addItems: method(member) { try $0.addItems($1, $2, $3) }
+            case .enter: method(member) { try $0.propose($1, $2, $3, entering: true) }
+            case .update: method(member) { try $0.propose($1, $2, $3, entering: false) }
+            case .exit: method(member) { try $0.exit($1, $2, $3) }
+            case .performDrop: method(member) { try $0.performDrop($1, $2, $3) }
+            case .load:
+                .method(dispatcher.serve(member.name, context: loadContext) { [unowned self] call in
                     let (session, caller) = try party(of: call)
                     try load(call, session, caller)
-                }),
-                method("CancelLoad") { try $0.cancelLoad($1, $2, $3) },
-                method("SetExpectedSize") { try $0.setExpectedSize($1, $2, $3) },
-                method("Conclude") { try $0.conclude($1, $2, $3) },
-                method("Cancel") { try $0.cancel($1, $2, $3) },
-            ]),
-            properties: Dictionary(uniqueKeysWithValues: Property.allCases.map { entry in
-                property(entry.name) { session, m throws(BusError) in try m.write { entry.append(session, to: &$0) } }
-            }))
+                })
+            case .cancelLoad: method(member) { try $0.cancelLoad($1, $2, $3) }
+            case .setExpectedSize: method(member) { try $0.setExpectedSize($1, $2, $3) }
+            case .conclude: method(member) { try $0.conclude($1, $2, $3) }
+            case .cancel: method(member) { try $0.cancel($1, $2, $3) }
+            case .id, .sourceApp, .state, .itemCount, .operation, .progress: property(member)
+            case .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished: .signal
+            }
+        }
     }
 
     /// The session's properties: their getters and GetManagedObjects both append from here.
-    private enum Property: CaseIterable {
-        case id, sourceApp, state, itemCount, operation, progress
+    private static let properties = SessionMember.allCases.filter {
+        if case .property = $0.row.kind { true } else { false }
+    }
 
-        var name: String {
-            switch self {
-            case .id: "Id"
-            case .sourceApp: "SourceApp"
-            case .state: "State"
-            case .itemCount: "ItemCount"
-            case .operation: "Operation"
-            case .progress: "Progress"
-            }
-        }
-
-        var signature: StaticString {
-            switch self {
-            case .id, .sourceApp, .state, .operation: "s"
-            case .itemCount: "u"
-            case .progress: "(tt)"
-            }
-        }
-
-        func append(_ session: Session, to w: inout MessageWriter) {
-            switch self {
-            case .id: w.append(session.id)
-            case .sourceApp: w.append(session.source.appID)
-            case .state: w.append(session.state.rawValue)
-            case .itemCount: w.append(UInt32(session.items.count))
-            case .operation: w.append(session.operation.rawValue)
-            case .progress:
-                let (done, expected) = session.progress
-                w.open("r", "tt")
-                w.append(done)
-                w.append(expected)
-                w.close()
-            }
+    private static func append(_ property: SessionMember, of session: Session, to w: inout MessageWriter) {
+        switch property {
+        case .id: w.append(session.id)
+        case .sourceApp: w.append(session.source.appID)
+        case .state: w.append(session.state.rawValue)
+        case .itemCount: w.append(UInt32(session.items.count))
+        case .operation: w.append(session.operation.rawValue)
+        case .progress:
+            let (done, expected) = session.progress
+            w.open("r", "tt")
+            w.append(done)
+            w.append(expected)
+            w.close()
+        case .getItems, .conformingItems, .addItems, .enter, .update, .exit, .performDrop, .load, .cancelLoad, .setExpectedSize,
+             .conclude, .cancel, .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished:
+            preconditionFailure("\(property.name) is no property")
         }
     }
 
@@ -181,7 +190,7 @@ final class SessionInterface {
     /// method checks that first, so a non-party gets one answer whatever it asked and whatever
     /// the session's state, never WrongState or an argument's error.
     private func party(of call: MethodCall) throws(BrokerError) -> (Session, AppIdentity) {
-        guard let path = call.message.path, let session = registry.session(atPath: path) else {
+        guard let session = session(addressedBy: call.message) else {
             throw .notFound("No live session at \(call.message.path ?? "?"): it ended or never existed")
         }
         let caller = try daemon.identity(of: call)
@@ -239,7 +248,7 @@ final class SessionInterface {
         }
         w.open("e", "sa{sv}")
         w.append(BrokerNames.sessionInterface)
-        writeProperties(of: session, withProperties ? Property.allCases : [], to: &w)
+        writeProperties(of: session, withProperties ? properties : [], to: &w)
         w.close()
         w.close()
     }
@@ -247,13 +256,13 @@ final class SessionInterface {
     private static let standardInterfaces = ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", propertiesInterface]
 
     /// An `a{sv}` of the given properties' current values.
-    private static func writeProperties(of session: Session, _ properties: [Property], to w: inout MessageWriter) {
+    private static func writeProperties(of session: Session, _ properties: [SessionMember], to w: inout MessageWriter) {
         w.open("a", "{sv}")
         for property in properties {
             w.open("e", "sv")
             w.append(property.name)
             w.open("v", property.signature)
-            property.append(session, to: &w)
+            append(property, of: session, to: &w)
             w.close()
             w.close()
         }
@@ -402,7 +411,7 @@ final class SessionInterface {
         case .dropped:
             propertiesChanged(session, [.state, .operation])
             let operation = session.operation.rawValue
-            emit(session, "WillEnd", to: session.source.uniqueName) { m throws(BusError) in try m.append(operation) }
+            emit(session, .willEnd, to: session.source.uniqueName) { m throws(BusError) in try m.append(operation) }
         case .concluded:
             propertiesChanged(session, [.state, .operation])
             emitEnded(session, error: nil)
@@ -411,7 +420,7 @@ final class SessionInterface {
         case .loadFinished(let load, let error):
             let bytes = load.bytes
             for party in Set([load.destination.uniqueName, session.source.uniqueName]) where party != session.departed {
-                emit(session, "LoadFinished", to: party) { m throws(BusError) in
+                emit(session, .loadFinished, to: party) { m throws(BusError) in
                     try m.append(load.id)
                     try m.append(bytes)
                     try m.append(error?.code.busName ?? "")
@@ -420,7 +429,7 @@ final class SessionInterface {
             }
             propertiesChanged(session, [.progress])
         case .transferFinished:
-            emit(session, "TransferFinished", to: session.source.uniqueName)
+            emit(session, .transferFinished, to: session.source.uniqueName)
         case .ended(_, let error):
             if session.state != .concluded { emitEnded(session, error: error) }
             interfacesRemoved(session)
@@ -431,7 +440,7 @@ final class SessionInterface {
 
     /// The values, to each party: sd-bus's own PropertiesChanged would be a broadcast, heard by
     /// every app on the bus whether or not the session exists for it.
-    private func propertiesChanged(_ session: Session, _ properties: [Property]) {
+    private func propertiesChanged(_ session: Session, _ properties: [SessionMember]) {
         for party in parties(session) {
             emit(session, Self.propertiesInterface, "PropertiesChanged", to: party) { m throws(BusError) in
                 try m.append(BrokerNames.sessionInterface)
@@ -469,8 +478,8 @@ final class SessionInterface {
             .filter { $0 != session.departed }
     }
 
-    private func emit(_ session: Session, _ member: String, to destination: String, _ build: (Message) throws(BusError) -> Void = { _ in }) {
-        emit(session, BrokerNames.sessionInterface, member, to: destination, build)
+    private func emit(_ session: Session, _ signal: SessionMember, to destination: String, _ build: (Message) throws(BusError) -> Void = { _ in }) {
+        emit(session, BrokerNames.sessionInterface, signal.name, to: destination, build)
     }
 
     private func emit(_ session: Session, _ interface: String, _ member: String, to destination: String, from path: String? = nil,
@@ -487,7 +496,7 @@ final class SessionInterface {
     private func emitEnded(_ session: Session, error: BrokerError?) {
         let operation = error == nil ? session.operation : (session.state == .active ? .cancel : session.operation)
         for party in parties(session) {
-            emit(session, "Ended", to: party) { m throws(BusError) in
+            emit(session, .ended, to: party) { m throws(BusError) in
                 try m.append(operation.rawValue)
                 try m.append(error?.code.busName ?? "")
                 try m.append(error?.message ?? "")
@@ -500,7 +509,7 @@ final class SessionInterface {
         let bytes = load.bytes
         let expected = load.expected ?? 0
         for party in Set([load.destination.uniqueName, session.source.uniqueName]) {
-            emit(session, "LoadProgress", to: party) { m throws(BusError) in
+            emit(session, .loadProgress, to: party) { m throws(BusError) in
                 try m.append(load.id)
                 try m.append(bytes)
                 try m.append(expected)
