@@ -402,12 +402,20 @@ public struct SessionDetails: Sendable, Equatable, Codable {
 
 /// One live event, as `dragctl monitor` shows it: begin, enter, update, exit, drop, load,
 /// progress, loaded, end.
+/// What a `MonitorEvent` reports: its `event` argument.
+public enum MonitorEventKind: String, Sendable, CaseIterable {
+    case begin, enter, update, exit, drop, load, progress, loaded, end
+}
+
 public struct MonitorEvent: Sendable, Equatable, Codable {
     public var session: String
     public var event: String
     public var detail: String
     public var bytes: UInt64
     public var expected: UInt64
+
+    /// The event's kind; nil for one a newer daemon added.
+    public var kind: MonitorEventKind? { MonitorEventKind(rawValue: event) }
 
     public init(session: String, event: String, detail: String, bytes: UInt64, expected: UInt64) {
         self.session = session

@@ -180,7 +180,7 @@ final class Daemon {
     func busLost() {
         logger.critical("Lost the connection to the bus: recording \(registry.count) session(s) in flight as interrupted and exiting, so the service manager restarts the daemon")
         registry.endAll(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"),
-                        outcome: "interrupted", loadOutcome: "interrupted")
+                        outcome: .interrupted, loadOutcome: .interrupted)
         closeState()
     }
 

@@ -115,7 +115,7 @@ struct Monitor: AsyncParsableCommand {
             }
             if progressShown { print() }
             progressShown = false
-            let amount = event.event == "loaded" ? " \(bytes(event.bytes))" : ""
+            let amount = event.kind == .loaded ? " \(bytes(event.bytes))" : ""
             print("\(time) \(session) \(event.event.escapedForTerminal) \(detail)\(amount)")
             fflush(nil)
         }

@@ -66,7 +66,7 @@ final class SessionRulesTests: XCTestCase {
         case .loadSizeAnnounced(let load): "loadSizeAnnounced \(load.id) \(load.expected ?? 0)"
         case .loadFinished(let load, let error): "loadFinished \(load.id) \(error?.code.rawValue ?? "ok")"
         case .transferFinished: "transferFinished"
-        case .ended(let outcome, let error): "ended \(outcome) \(error?.code.rawValue ?? "ok")"
+        case .ended(let outcome, let error): "ended \(outcome.rawValue) \(error?.code.rawValue ?? "ok")"
         }
     }
 
@@ -461,7 +461,7 @@ final class SessionRulesTests: XCTestCase {
         var pending: [() -> Void] = []
         registry.later = { pending.append($0) }
         var ended: [String: String] = [:]
-        registry.onEvent = { session, event in if case .ended(let outcome, _) = event { ended[session.id] = outcome } }
+        registry.onEvent = { session, event in if case .ended(let outcome, _) = event { ended[session.id] = outcome.rawValue } }
         let sessions = try (0..<600).map { _ in
             try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")
         }
@@ -525,7 +525,7 @@ final class SessionRulesTests: XCTestCase {
         var ended: [String] = []
         registry.onEvent = { session, event in
             if case .ended(let outcome, let error) = event {
-                ended.append("\(session.id) \(outcome) \(error?.code.busName ?? "-") \(error?.message ?? "")")
+                ended.append("\(session.id) \(outcome.rawValue) \(error?.code.busName ?? "-") \(error?.message ?? "")")
             }
         }
         let dragged = try registry.begin(source: Self.source, items: Self.items, options: SessionOptions(), providerPath: "/p")

@@ -49,11 +49,11 @@ final class AuditSink {
             transferLog.submit(.session(openRecord(of: session)))
             let count = session.items.count
             logger.info("Session \(session.id) begun by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
-            monitors.emit(session, "begin", "\(session.source.appID), \(count) item\(count == 1 ? "" : "s")")
+            monitors.emit(session, .begin, "\(session.source.appID), \(count) item\(count == 1 ? "" : "s")")
         case .proposed(let caller, let proposal, let allowed, let entering):
-            monitors.emit(session, entering ? "enter" : "update", "\(caller.appID) proposes \(proposal.rawValue), allowed \(allowed.rawValue)")
+            monitors.emit(session, entering ? .enter : .update, "\(caller.appID) proposes \(proposal.rawValue), allowed \(allowed.rawValue)")
         case .exited(let caller):
-            monitors.emit(session, "exit", caller.appID)
+            monitors.emit(session, .exit, caller.appID)
         case .flowDenied(let destination, let types, let rule):
             var error = BrokerError.accessDenied(
                 "The administrator's policy hides \(types.joined(separator: ", ")) from \(session.source.appID) to \(destination.appID) (rule at \(rule.origin))")
@@ -66,12 +66,12 @@ final class AuditSink {
             record.endedAt = Date()
             transferLog.submit(.session(record))
             logger.info("Session \(session.id) dropped on \(destination.appID) with \(operation.rawValue)")
-            monitors.emit(session, "drop", "\(destination.appID), \(operation.rawValue)")
+            monitors.emit(session, .drop, "\(destination.appID), \(operation.rawValue)")
         case .loadStarted(let load):
             loadStarted(load, in: session)
-            monitors.emit(session, "load", "\(load.id) \(load.typeIdentifier) (\(load.kind.rawValue)) to \(load.destination.appID)")
+            monitors.emit(session, .load, "\(load.id) \(load.typeIdentifier) (\(load.kind.rawValue)) to \(load.destination.appID)")
         case .loadProgressed(let load):
-            monitors.emit(session, "progress", "\(load.id) \(load.typeIdentifier)", bytes: load.bytes, expected: load.expected ?? 0)
+            monitors.emit(session, .progress, "\(load.id) \(load.typeIdentifier)", bytes: load.bytes, expected: load.expected ?? 0)
         case .loadFinished(let load, let error):
             loadEnded(load, in: session, error: error)
         case .ended(let outcome, let error):
@@ -129,7 +129,7 @@ final class AuditSink {
     }
 
     private func loadEnded(_ load: Load, in session: Session, error: BrokerError?) {
-        let record = loadRecord(load, in: session, endedAt: Date(), outcome: load.outcome(of: error), error: error)
+        let record = loadRecord(load, in: session, endedAt: Date(), outcome: load.outcome(of: error).rawValue, error: error)
         let slot = ledgerSlots.removeValue(forKey: ObjectIdentifier(load))
         if !load.isUnrecorded {
             // The slot is given back once the end is on disk, however long a full disk delays it.
@@ -144,7 +144,7 @@ final class AuditSink {
         } else if let slot {
             ledger.release(slot)
         }
-        monitors.emit(session, "loaded", "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: load.bytes, expected: load.expected ?? load.bytes)
+        monitors.emit(session, .loaded, "\(load.id) \(load.typeIdentifier) \(record.outcome)", bytes: load.bytes, expected: load.expected ?? load.bytes)
         if let error {
             logger.notice("Load \(load.id) of session \(session.id) (\(load.typeIdentifier)) failed after \(load.bytes) bytes: \(error)")
         } else {
@@ -152,16 +152,16 @@ final class AuditSink {
         }
     }
 
-    private func sessionEnded(_ session: Session, outcome: String, error: BrokerError?) {
+    private func sessionEnded(_ session: Session, outcome: SessionOutcome, error: BrokerError?) {
         let destination = session.dropDestination.flatMap { session.destinations[$0]?.identity.appID }
         let record = SessionRecord(
             sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,
-            itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome,
+            itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome.rawValue,
             errorName: error?.code.busName, startedAt: session.createdAt, endedAt: Date())
         transferLog.submit(.session(record))
         AuditJournal.record(record)
-        monitors.emit(session, "end", outcome + (error.map { " (\($0.code.busName))" } ?? ""))
-        logger.info("Session \(session.id) ended: \(outcome)\(error.map { " (\($0))" } ?? "")")
+        monitors.emit(session, .end, outcome.rawValue + (error.map { " (\($0.code.busName))" } ?? ""))
+        logger.info("Session \(session.id) ended: \(outcome.rawValue)\(error.map { " (\($0))" } ?? "")")
     }
 
     // MARK: The log itself

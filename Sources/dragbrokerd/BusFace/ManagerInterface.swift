@@ -127,7 +127,7 @@ final class ManagerInterface {
     private func cancelSession(_ call: MethodCall) throws {
         let (session, caller) = try inspectable(call)
         try requireAdministrator(caller, to: "cancel another app's session")
-        session.end(outcome: "cancelled", error: BrokerError(.cancelled, "An administrator cancelled the session"))
+        session.end(outcome: .cancelled, error: BrokerError(.cancelled, "An administrator cancelled the session"))
         try reply(call)
     }
 

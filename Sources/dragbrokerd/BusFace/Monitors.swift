@@ -28,7 +28,7 @@ final class Monitors {
     }
 
     /// `MonitorEvent(session, event, detail, bytes, expected)`.
-    func emit(_ session: Session, _ event: String, _ detail: @autoclosure () -> String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
+    func emit(_ session: Session, _ event: MonitorEventKind, _ detail: @autoclosure () -> String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
         guard !watchers.isEmpty else { return }
         let detail = detail()
         for (name, watcher) in watchers where session.mayBeInspected(by: watcher) {
@@ -36,7 +36,7 @@ final class Monitors {
                 try bus.emitSignal(path: BrokerNames.managerPath, interface: BrokerNames.managerInterface,
                                    member: ManagerMember.monitorEvent.name, destination: name) { m throws(BusError) in
                     try m.append(session.id)
-                    try m.append(event)
+                    try m.append(event.rawValue)
                     try m.append(detail)
                     try m.append(bytes)
                     try m.append(expected)

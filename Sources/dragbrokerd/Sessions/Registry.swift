@@ -127,7 +127,7 @@ final class Registry {
     }
 
     /// Ends every session, e.g. on shutdown, including those still waiting to be torn down.
-    func endAll(_ error: BrokerError, outcome: String = "cancelled", loadOutcome: String? = nil) {
+    func endAll(_ error: BrokerError, outcome: SessionOutcome = .cancelled, loadOutcome: LoadOutcome? = nil) {
         for (sessions, departed) in teardown {
             for session in sessions { session.partyVanished(departed) }
         }

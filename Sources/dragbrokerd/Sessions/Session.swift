@@ -30,7 +30,7 @@ enum SessionEvent {
     /// The drop destination concluded and every load is done.
     case transferFinished
     /// The session is over: `outcome` as the log records it, `error` why it was cut short.
-    case ended(outcome: String, error: BrokerError?)
+    case ended(outcome: SessionOutcome, error: BrokerError?)
 }
 
 /// What a load may use, decided by the session's rules before any byte moves.
@@ -268,7 +268,7 @@ final class Session {
         guard caller.uniqueName == source.uniqueName else {
             throw .accessDenied("Only the source of session \(id) may cancel it")
         }
-        end(outcome: "cancelled", error: BrokerError(.cancelled, "The source cancelled the drag"))
+        end(outcome: .cancelled, error: BrokerError(.cancelled, "The source cancelled the drag"))
     }
 
     // MARK: Destination
@@ -475,10 +475,10 @@ final class Session {
     func timeOut(_ limits: Limits) {
         switch state {
         case .active:
-            end(outcome: "timed-out", error: BrokerError(.timeout,
+            end(outcome: .timedOut, error: BrokerError(.timeout,
                 "Session \(id) was not dropped within \(limits.dragTimeout / 1_000_000) s of BeginSession (DragTimeoutSec=)"))
         case .dropped:
-            end(outcome: "timed-out", error: BrokerError(.timeout,
+            end(outcome: .timedOut, error: BrokerError(.timeout,
                 "The destination of session \(id) neither loaded nor concluded within \(limits.concludeTimeout / 1_000_000) s (ConcludeTimeoutSec=)"))
         case .concluded:
             break
@@ -487,7 +487,7 @@ final class Session {
 
     /// Ends the session early: loads stop, every party is told why. `loadOutcome` names the
     /// loads' end in the log when their error alone would not.
-    func end(outcome: String, error: BrokerError, loadOutcome: String? = nil) {
+    func end(outcome: SessionOutcome, error: BrokerError, loadOutcome: LoadOutcome? = nil) {
         guard !isOver else { return }
         for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error, outcome: loadOutcome) }
         if state == .active { operation = .cancel }
@@ -503,9 +503,9 @@ final class Session {
     func partyVanished(_ uniqueName: String) {
         if dependsOn(uniqueName) { departed = uniqueName }
         if uniqueName == source.uniqueName {
-            end(outcome: "source-disconnected", error: BrokerError(.disconnected, "The source app \(source.appID) disconnected"))
+            end(outcome: .sourceDisconnected, error: BrokerError(.disconnected, "The source app \(source.appID) disconnected"))
         } else if uniqueName == dropDestination {
-            end(outcome: "destination-disconnected",
+            end(outcome: .destinationDisconnected,
                 error: BrokerError(.disconnected, "The destination app \(destinations[uniqueName]?.identity.appID ?? uniqueName) disconnected"))
         } else if destinations.removeValue(forKey: uniqueName) != nil, current == uniqueName {
             current = nil
@@ -515,10 +515,10 @@ final class Session {
     /// The drop destination concluded and every load is done: tell the source and retire.
     private func finishTransfer() {
         report(self, .transferFinished)
-        retire(outcome: "completed", error: nil)
+        retire(outcome: .completed, error: nil)
     }
 
-    private func retire(outcome: String, error: BrokerError?) {
+    private func retire(outcome: SessionOutcome, error: BrokerError?) {
         guard !isOver else { return }
         isOver = true
         report(self, .ended(outcome: outcome, error: error))

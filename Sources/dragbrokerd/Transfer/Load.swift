@@ -150,13 +150,13 @@ final class Load {
     /// Ends the load early (cancelled, timed out, the session ended); the destination's
     /// waiting call, if any, hears why. `outcome` names it in the log when the error alone
     /// would not, as "interrupted" for a load the daemon itself could not finish.
-    func stop(_ error: BrokerError, outcome: String? = nil) {
+    func stop(_ error: BrokerError, outcome: LoadOutcome? = nil) {
         recordedOutcome = outcome
         finish(error)
     }
 
     /// How the log names this load's end, once it has ended.
-    private(set) var recordedOutcome: String?
+    private(set) var recordedOutcome: LoadOutcome?
 
     var destinationIsFull: Bool { proxy?.destinationIsFull == true }
 
@@ -307,7 +307,7 @@ final class Load {
         if source.bus.isOpen {
             finish(providerError(error, from: source.app))
         } else {
-            stop(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"), outcome: "interrupted")
+            stop(BrokerError(.disconnected, "dragbrokerd lost its connection to the bus"), outcome: .interrupted)
         }
     }
 
@@ -373,19 +373,8 @@ final class Load {
         report?(self, error)
     }
 
-    /// How the log names the outcome of a load that ended with `error`.
-    func outcome(of error: BrokerError?) -> String {
-        recordedOutcome ?? Self.outcome(of: error)
-    }
-
-    static func outcome(of error: BrokerError?) -> String {
-        switch error?.code {
-        case nil: "completed"
-        case .cancelled: "cancelled"
-        case .timeout: "timed-out"
-        case .disconnected: "disconnected"
-        case .accessDenied: "denied"
-        default: "failed"
-        }
+    /// The outcome of a load that ended with `error`.
+    func outcome(of error: BrokerError?) -> LoadOutcome {
+        recordedOutcome ?? LoadOutcome(error)
     }
 }
