@@ -126,12 +126,13 @@ final class SessionInterface {
                 try body(self, call, session, caller)
             })
         }
-        func property(_ member: SessionMember) -> MemberBinding {
-            .property { [unowned self] reply, path throws(BusError) in
+        func property(_ member: SessionMember, _ value: @escaping PropertyValue) -> MemberBinding {
+            propertyValues.append((member, value))
+            return .property { [unowned self] reply, path throws(BusError) in
                 guard let session = bus.currentMessage.map(session(addressedBy:)) ?? registry.session(atPath: path) else {
                     throw BrokerError.notFound("No such session").busError
                 }
-                try readable(session, reply) { m throws(BusError) in try m.write { Self.append(member, of: session, to: &$0) } }
+                try readable(session, reply) { m throws(BusError) in try m.write { value(session, &$0) } }
             }
         }
         let loadContext: (MethodCall) -> (session: Session?, subject: String?) = { [unowned self] call in
@@ -156,35 +157,29 @@ final class SessionInterface {
             case .setExpectedSize: method(member) { try $0.setExpectedSize($1, $2, $3) }
             case .conclude: method(member) { try $0.conclude($1, $2, $3) }
             case .cancel: method(member) { try $0.cancel($1, $2, $3) }
-            case .id, .sourceApp, .state, .itemCount, .operation, .progress: property(member)
+            case .id: property(member) { $1.append($0.id) }
+            case .sourceApp: property(member) { $1.append($0.source.appID) }
+            case .state: property(member) { $1.append($0.state.rawValue) }
+            case .itemCount: property(member) { $1.append(UInt32($0.items.count)) }
+            case .operation: property(member) { $1.append($0.operation.rawValue) }
+            case .progress:
+                property(member) { session, w in
+                    let (done, expected) = session.progress
+                    w.open("r", "tt")
+                    w.append(done)
+                    w.append(expected)
+                    w.close()
+                }
             case .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished: .signal
             }
         }
     }
 
-    /// The session's properties: their getters and GetManagedObjects both append from here.
-    private static let properties = SessionMember.allCases.filter {
-        if case .property = $0.row.kind { true } else { false }
-    }
-
-    private static func append(_ property: SessionMember, of session: Session, to w: inout MessageWriter) {
-        switch property {
-        case .id: w.append(session.id)
-        case .sourceApp: w.append(session.source.appID)
-        case .state: w.append(session.state.rawValue)
-        case .itemCount: w.append(UInt32(session.items.count))
-        case .operation: w.append(session.operation.rawValue)
-        case .progress:
-            let (done, expected) = session.progress
-            w.open("r", "tt")
-            w.append(done)
-            w.append(expected)
-            w.close()
-        case .getItems, .conformingItems, .addItems, .enter, .update, .exit, .performDrop, .load, .cancelLoad, .setExpectedSize,
-             .conclude, .cancel, .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished:
-            preconditionFailure("\(property.name) is no property")
-        }
-    }
+    /// Writes one property's value. Each is written in one place, its case of the switch
+    /// above, for its getter, PropertiesChanged and GetManagedObjects alike.
+    private typealias PropertyValue = (Session, inout MessageWriter) -> Void
+    /// The properties in the table's order, with their values.
+    private var propertyValues: [(member: SessionMember, value: PropertyValue)] = []
 
     /// The session a method was called on and its caller, who must be one of its parties: every
     /// method checks that first, so a non-party gets one answer whatever it asked and whatever
@@ -224,7 +219,7 @@ final class SessionInterface {
                     for session in registry.sessions.values where exists(session, for: caller, identity) {
                         w.open("e", "oa{sa{sv}}")
                         w.append(objectPath: session.path)
-                        Self.writeInterfaces(of: session, withProperties: session.isParty(caller), to: &w)
+                        writeInterfaces(of: session, withProperties: session.isParty(caller), to: &w)
                         w.close()
                     }
                     w.close()
@@ -236,10 +231,10 @@ final class SessionInterface {
     }
 
     /// The `a{sa{sv}}` of one session object, as ObjectManager lists it.
-    private static func writeInterfaces(of session: Session, withProperties: Bool, to w: inout MessageWriter) {
+    private func writeInterfaces(of session: Session, withProperties: Bool, to w: inout MessageWriter) {
         w.open("a", "{sa{sv}}")
         // sd-bus lists the standard interfaces of every object, each without properties.
-        for standard in standardInterfaces {
+        for standard in Self.standardInterfaces {
             w.open("e", "sa{sv}")
             w.append(standard)
             w.open("a", "{sv}")
@@ -248,7 +243,7 @@ final class SessionInterface {
         }
         w.open("e", "sa{sv}")
         w.append(BrokerNames.sessionInterface)
-        writeProperties(of: session, withProperties ? properties : [], to: &w)
+        writeProperties(of: session, withProperties ? propertyValues.map(\.member) : [], to: &w)
         w.close()
         w.close()
     }
@@ -256,13 +251,13 @@ final class SessionInterface {
     private static let standardInterfaces = ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", propertiesInterface]
 
     /// An `a{sv}` of the given properties' current values.
-    private static func writeProperties(of session: Session, _ properties: [SessionMember], to w: inout MessageWriter) {
+    private func writeProperties(of session: Session, _ properties: [SessionMember], to w: inout MessageWriter) {
         w.open("a", "{sv}")
         for property in properties {
             w.open("e", "sv")
             w.append(property.name)
             w.open("v", property.signature)
-            append(property, of: session, to: &w)
+            propertyValues.first { $0.member == property }?.value(session, &w)
             w.close()
             w.close()
         }
@@ -444,7 +439,7 @@ final class SessionInterface {
         for party in parties(session) {
             emit(session, Self.propertiesInterface, "PropertiesChanged", to: party) { m throws(BusError) in
                 try m.append(BrokerNames.sessionInterface)
-                try m.write { w in Self.writeProperties(of: session, properties, to: &w) }
+                try m.write { w in writeProperties(of: session, properties, to: &w) }
                 try m.openContainer("a", "s")
                 try m.closeContainer()
             }
@@ -456,7 +451,7 @@ final class SessionInterface {
         emit(session, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded", to: session.source.uniqueName,
              from: BrokerNames.managerPath) { m throws(BusError) in
             try m.append(objectPath: session.path)
-            try m.write { w in Self.writeInterfaces(of: session, withProperties: true, to: &w) }
+            try m.write { w in writeInterfaces(of: session, withProperties: true, to: &w) }
         }
     }
 
