@@ -17,7 +17,17 @@ final class TransferLogTests: XCTestCase {
         if let mounted {
             try run("/bin/umount", "--lazy", mounted.path)
         }
-        try FileManager.default.removeItem(at: directory)
+        // A log released at the end of a test closes its last connection on its own queue, and
+        // SQLite then deletes the -shm file: if that happens mid-removal, the removal sees a
+        // file vanish under it. Again, then, until nothing is left.
+        for attempt in 1...5 {
+            do {
+                try FileManager.default.removeItem(at: directory)
+                return
+            } catch where attempt < 5 && FileManager.default.fileExists(atPath: directory.path) {
+                usleep(20_000)
+            }
+        }
     }
 
     private var logPath: String { directory.appendingPathComponent("transfers.sqlite").path }
