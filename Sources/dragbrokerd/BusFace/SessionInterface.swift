@@ -322,53 +322,24 @@ final class SessionInterface {
         try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
     }
 
-    /// Data loads answer with a pipe, file loads once the source has handed the file over, so
-    /// this call may be answered later; both only once the load is on record. Fail-closed,
-    /// that is once its start record committed, and a record that cannot refuses the load.
+    /// Answered once the load is on record and under way (`Daemon.startLoad`), which for a
+    /// file load is once the source handed the file over.
     private func load(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
         let item = try argument("item") { () throws(BusError) in try call.message.readUInt32() }
         let type = try argument("type") { () throws(BusError) in try call.message.readString() }
-        let rules = daemon.loadRules
-        let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: rules)
-        try registry.admitLoad(in: session, to: caller)
-        let load = Load(request, failClosed: rules.failClosed)
-        let descriptors = daemon.descriptors
-        let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
-                                limits: { [unowned daemon] in daemon.registry.limits }, descriptors: descriptors)
-        if request.kind == .file {
-            try descriptors.workers.admit(owners: source.owners, HandedFile.work)
-        }
         let dispatcher = daemon.dispatcher
-        // Tracked before it starts: tracking puts it on record (`AuditSink`), which it waits for.
-        session.track(load)
-        do {
-            try load.start(from: source) { [weak session] answer in
-                switch answer {
-                case .success(let (fd, kind)):
-                    do {
-                        let sent = try reply(call) { r throws(BusError) in
-                            try r.append(fileDescriptor: fd.rawValue)
-                            try r.append(load.id)
-                            try r.append(kind.rawValue)
-                        }
-                        // The reply holds its own copy of the source's file, which sd-bus would
-                        // close on the loop: it is retired off the loop once written out.
-                        if kind == .file {
-                            try? sent.rewind()
-                            if let number = try? sent.readBorrowedFileDescriptor() {
-                                descriptors.retire(sent: sent, number: number, owners: source.owners)
-                            }
-                        }
-                    } catch {
-                        dispatcher.fail(call, error, action: "Load", session: session, subject: type)
-                    }
-                case .failure(let error):
-                    dispatcher.fail(call, error, action: "Load", session: session, subject: type)
+        try daemon.startLoad(item: item, type: type, in: session, by: caller) { [weak session] started in
+            do {
+                let handover = try started.get()
+                let sent = try reply(call) { r throws(BusError) in
+                    try r.append(fileDescriptor: handover.descriptor.rawValue)
+                    try r.append(handover.load)
+                    try r.append(handover.kind.rawValue)
                 }
+                handover.replied(sent)
+            } catch {
+                dispatcher.fail(call, error, action: SessionMember.load.name, session: session, subject: type)
             }
-        } catch {
-            load.stop(BrokerError(.failed, "dragbrokerd failed to start the load: \(error)"))
-            throw error
         }
     }
 
