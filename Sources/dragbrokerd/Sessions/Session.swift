@@ -192,16 +192,22 @@ final class Session {
     /// Destinations already told, in the audit, that the policy hides representations from them.
     private var flowDenialsReported: Set<String> = []
 
+    /// Each representation visibility shows `destination` that a flow rule denies it, with the
+    /// rule, in item order; lazy, so a question of whether there is any stops at the first.
+    private func flowDenials(to destination: AppIdentity, flow: FlowView) -> some Sequence<(type: String, rule: FlowRule)> {
+        items.lazy.flatMap(\.representations).filter { self.isVisible($0, to: destination) }.compactMap { representation in
+            flow.denial(of: representation.typeIdentifier, from: self.source, to: destination).map { (representation.typeIdentifier, $0) }
+        }
+    }
+
     /// Reports once per destination what the policy hides from it that it could otherwise see.
     private func reportFlowDenials(to destination: AppIdentity, flow: FlowView) {
         guard !flowDenialsReported.contains(destination.uniqueName) else { return }
         var denied: [String] = []
         var firstRule: FlowRule?
-        for representation in items.flatMap(\.representations) where isVisible(representation, to: destination) {
-            if let rule = flow.denial(of: representation.typeIdentifier, from: source, to: destination) {
-                if !denied.contains(representation.typeIdentifier) { denied.append(representation.typeIdentifier) }
-                firstRule = firstRule ?? rule
-            }
+        for (type, rule) in flowDenials(to: destination, flow: flow) {
+            if !denied.contains(type) { denied.append(type) }
+            firstRule = firstRule ?? rule
         }
         guard let firstRule else { return }
         flowDenialsReported.insert(destination.uniqueName)
@@ -220,16 +226,8 @@ final class Session {
         if proposal != .cancel && hasDroppable(for: destination, flow: flow) {
             return allowedOperation(for: proposal, by: destination)
         }
-        return flowRefusesAnything(to: destination, flow: flow) ? .forbidden : .cancel
-    }
-
-    /// Whether flow rules deny `destination` a representation that visibility would show it.
-    private func flowRefusesAnything(to destination: AppIdentity, flow: FlowView) -> Bool {
-        items.contains { item in
-            item.representations.contains {
-                isVisible($0, to: destination) && flow.denial(of: $0.typeIdentifier, from: source, to: destination) != nil
-            }
-        }
+        var denials = flowDenials(to: destination, flow: flow).makeIterator()
+        return denials.next() != nil ? .forbidden : .cancel
     }
 
     /// The operation the broker will allow for `proposal` by `destination`: a move is
