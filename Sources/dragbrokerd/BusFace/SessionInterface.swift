@@ -127,7 +127,7 @@ final class SessionInterface {
             })
         }
         func property(_ member: SessionMember, _ value: @escaping PropertyValue) -> MemberBinding {
-            propertyValues.append((member, value))
+            properties.append(Property(member: member, name: member.name, signature: member.signature, value: value))
             return .property { [unowned self] reply, path throws(BusError) in
                 guard let session = bus.currentMessage.map(session(addressedBy:)) ?? registry.session(atPath: path) else {
                     throw BrokerError.notFound("No such session").busError
@@ -178,8 +178,16 @@ final class SessionInterface {
     /// Writes one property's value. Each is written in one place, its case of the switch
     /// above, for its getter, PropertiesChanged and GetManagedObjects alike.
     private typealias PropertyValue = (Session, inout MessageWriter) -> Void
-    /// The properties in the table's order, with their values.
-    private var propertyValues: [(member: SessionMember, value: PropertyValue)] = []
+    /// A property with its name and signature taken from its row once, at start: they are
+    /// written for every property of every session GetManagedObjects lists.
+    private struct Property {
+        let member: SessionMember
+        let name: String
+        let signature: String
+        let value: PropertyValue
+    }
+    /// The properties in the table's order.
+    private var properties: [Property] = []
 
     /// The session a method was called on and its caller, who must be one of its parties: every
     /// method checks that first, so a non-party gets one answer whatever it asked and whatever
@@ -243,7 +251,7 @@ final class SessionInterface {
         }
         w.open("e", "sa{sv}")
         w.append(BrokerNames.sessionInterface)
-        writeProperties(of: session, withProperties ? propertyValues.map(\.member) : [], to: &w)
+        writeProperties(of: session, withProperties ? properties : [], to: &w)
         w.close()
         w.close()
     }
@@ -251,13 +259,13 @@ final class SessionInterface {
     private static let standardInterfaces = ["org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable", propertiesInterface]
 
     /// An `a{sv}` of the given properties' current values.
-    private func writeProperties(of session: Session, _ properties: [SessionMember], to w: inout MessageWriter) {
+    private func writeProperties(of session: Session, _ properties: [Property], to w: inout MessageWriter) {
         w.open("a", "{sv}")
         for property in properties {
             w.open("e", "sv")
             w.append(property.name)
             w.open("v", property.signature)
-            propertyValues.first { $0.member == property }?.value(session, &w)
+            property.value(session, &w)
             w.close()
             w.close()
         }
@@ -406,7 +414,8 @@ final class SessionInterface {
 
     /// The values, to each party: sd-bus's own PropertiesChanged would be a broadcast, heard by
     /// every app on the bus whether or not the session exists for it.
-    private func propertiesChanged(_ session: Session, _ properties: [SessionMember]) {
+    private func propertiesChanged(_ session: Session, _ members: [SessionMember]) {
+        let properties = members.compactMap { member in self.properties.first { $0.member == member } }
         for party in parties(session) {
             emit(session, Self.propertiesInterface, "PropertiesChanged", to: party) { m throws(BusError) in
                 try m.append(BrokerNames.sessionInterface)
