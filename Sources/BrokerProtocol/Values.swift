@@ -400,13 +400,13 @@ public struct SessionDetails: Sendable, Equatable, Codable {
     }
 }
 
-/// One live event, as `dragctl monitor` shows it: begin, enter, update, exit, drop, load,
-/// progress, loaded, end.
 /// What a `MonitorEvent` reports: its `event` argument.
 public enum MonitorEventKind: String, Sendable, CaseIterable {
     case begin, enter, update, exit, drop, load, progress, loaded, end
 }
 
+/// One live event, as `dragctl monitor` shows it: begin, enter, update, exit, drop, load,
+/// progress, loaded, end.
 public struct MonitorEvent: Sendable, Equatable, Codable {
     public var session: String
     public var event: String
