@@ -143,7 +143,7 @@ protected:
             QDBusPendingReply<QDBusUnixFileDescriptor, uint, QString> reply = session->Load(want.first, want.second);
             reply.waitForFinished();
             if (reply.isError()) {
-                say(QStringLiteral("ERROR %1 %2").arg(reply.error().name(), reply.error().message()));
+                failed(reply.error());
                 continue;
             }
             startLoad(reply.argumentAt<1>(), want.first, want.second, reply.argumentAt<0>());
@@ -174,6 +174,10 @@ private:
 
     static void refused(const QDBusError &error) {
         say(QStringLiteral("REFUSED %1 %2").arg(error.name(), error.message()));
+    }
+
+    static void failed(const QDBusError &error) {
+        say(QStringLiteral("ERROR %1 %2").arg(error.name(), error.message()));
     }
 
     void apply(QDragMoveEvent *event) {
@@ -269,7 +273,7 @@ private:
         reply.waitForFinished();
         // After the source cancelled, NotFound: nothing left to withdraw.
         if (reply.isError())
-            say(QStringLiteral("ERROR %1 %2").arg(reply.error().name(), reply.error().message()));
+            failed(reply.error());
         else
             say(QStringLiteral("EXIT"));
     }
@@ -319,7 +323,7 @@ private:
         QDBusPendingReply<> reply = done->Conclude();
         reply.waitForFinished();
         if (reply.isError())
-            say(QStringLiteral("ERROR %1 %2").arg(reply.error().name(), reply.error().message()));
+            failed(reply.error());
         else
             say(QStringLiteral("CONCLUDED"));
     }
