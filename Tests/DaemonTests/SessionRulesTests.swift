@@ -74,6 +74,11 @@ final class SessionRulesTests: XCTestCase {
         LoadRules(flow: FlowView(policy: policy, types: Self.types), limits: limits, auditRefuses: auditRefuses)
     }
 
+    /// Opens a load of item 0 as plain text, which the daemon's shares admit.
+    func open(_ session: Session, by caller: AppIdentity) throws -> Load {
+        try session.openLoad(item: 0, type: "text/plain", by: caller, rules: rules()) { _ throws(BrokerError) in }
+    }
+
     /// Asserts the exact refusal.
     func assertRefused<T>(_ body: @autoclosure () throws -> T, _ code: BrokerErrorCode, _ message: String,
                           file: StaticString = #filePath, line: UInt = #line) {
@@ -204,8 +209,7 @@ final class SessionRulesTests: XCTestCase {
     func testOnlyTheSourceCancelsAndLoadsInFlightStopWithTheReason() throws {
         let (session, events) = makeSession()
         try drop(session, by: Self.teammate)
-        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
-        session.track(load)
+        let load = try open(session, by: Self.teammate)
         assertRefused(try session.cancel(by: Self.sameApp), .accessDenied, "Only the source of session s7 may cancel it")
         try session.cancel(by: Self.source)
         XCTAssertEqual(Array(events.events.suffix(3)), ["loadStarted 1", "loadFinished 1 Cancelled", "ended cancelled Cancelled"])
@@ -385,16 +389,39 @@ final class SessionRulesTests: XCTestCase {
                       "The transfer log cannot record transfers right now, and the policy refuses transfers it cannot audit (FailClosed=yes)")
         var limits = Limits()
         limits.concurrentLoadsPerSession = 2
-        for _ in 0..<2 { session.track(Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules()))) }
+        for _ in 0..<2 { _ = try open(session, by: Self.stranger) }
         assertRefused(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(limits: limits)), .limitExceeded,
                       "Session s7 already has 2 loads in flight")
+    }
+
+    func testTheDaemonsSharesAreAskedOnlyAfterTheSessionsOwnRulesAndARefusedLoadIsNeverTracked() throws {
+        let (session, events) = makeSession()
+        try drop(session, by: Self.stranger)
+        var asked: [UInt32] = []
+        let full = { (request: LoadRequest) throws(BrokerError) in
+            asked.append(request.id)
+            throw .limitExceeded("dragbrokerd has 4 loads in flight, its limit (LoadsTotal=4)")
+        }
+        let before = events.events
+        // A stranger to the session hears why, not whether the daemon's shares are spent.
+        assertRefused(try session.openLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules(), admit: full), .accessDenied,
+                      "Present the session token with PresentToken before using session s7")
+        assertRefused(try session.openLoad(item: 0, type: "text/x-none", by: Self.stranger, rules: rules(), admit: full), .notFound,
+                      "Item 0 has no representation that matches 'text/x-none'")
+        XCTAssertEqual(asked, [])
+        assertRefused(try session.openLoad(item: 0, type: "text/plain", by: Self.stranger, rules: rules(), admit: full), .limitExceeded,
+                      "dragbrokerd has 4 loads in flight, its limit (LoadsTotal=4)")
+        XCTAssertEqual(asked, [1])
+        XCTAssertEqual(events.events, before, "a refused load is never on record")
+        try session.conclude(by: Self.stranger)
+        XCTAssertTrue(session.isOver, "no load of the refused one keeps the transfer open")
+        XCTAssertEqual(events.events.last, "ended completed ok")
     }
 
     func testALoadReportsOneOutcomeAndTheLastOneFinishesAConcludedTransfer() throws {
         let (session, events) = makeSession()
         try drop(session, by: Self.teammate)
-        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
-        session.track(load)
+        let load = try open(session, by: Self.teammate)
         try session.conclude(by: Self.teammate)
         XCTAssertFalse(session.isOver, "a load in flight keeps the transfer open")
         assertRefused(try session.cancelLoad(1, by: Self.stranger), .accessDenied,
@@ -504,8 +531,7 @@ final class SessionRulesTests: XCTestCase {
         try drop(session, by: Self.teammate)
         let dropped = session.deadlineStart
         XCTAssertEqual(session.deadline(limits), dropped + 60_000_000)
-        let load = Load(try session.authorizeLoad(item: 0, type: "text/plain", by: Self.teammate, rules: rules()))
-        session.track(load)
+        let load = try open(session, by: Self.teammate)
         XCTAssertNil(session.deadline(limits), "a load in flight has deadlines of its own")
         load.stop(BrokerError(.cancelled, "stopped"))
         XCTAssertGreaterThanOrEqual(session.deadlineStart, dropped)

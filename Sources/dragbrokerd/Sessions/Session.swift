@@ -402,8 +402,19 @@ final class Session {
                            destination: caller, sizeRule: sizeRule)
     }
 
-    /// A load that started: the session follows it to its one outcome.
-    func track(_ load: Load) {
+    /// Opens a load: checks the request (`authorizeLoad`), lets `admit` refuse it on the
+    /// daemon's shares, then puts the load on record and follows it to its one outcome. The
+    /// load has not started: its start waits for that record (`Load.start`).
+    func openLoad(item: UInt32, type: String, by caller: AppIdentity, rules: LoadRules,
+                  admit: (LoadRequest) throws(BrokerError) -> Void) throws(BrokerError) -> Load {
+        let request = try authorizeLoad(item: item, type: type, by: caller, rules: rules)
+        try admit(request)
+        let load = Load(request, failClosed: rules.failClosed)
+        track(load)
+        return load
+    }
+
+    private func track(_ load: Load) {
         loads[load.id] = load
         load.onProgress = { [unowned self] load in report(self, .loadProgressed(load)) }
         load.onFinish = { [unowned self] load, error in loadFinished(load, error: error) }

@@ -15,26 +15,23 @@ struct LoadHandover {
 
 extension Daemon {
     /// One `Load` call, from request to handover, in the order it happens: the session checks
-    /// the request against its state, visibility and the policy; the fair shares admit it; a
-    /// file load is given a descriptor thread; the session tracks the load, which puts it on
-    /// record (`AuditSink`); and it starts. Data loads are handed over with a pipe at once, file
+    /// the request against its state, visibility and the policy; the fair shares admit it, and
+    /// a file load's descriptor thread; the session opens the load, which puts it on record
+    /// (`AuditSink`); and it starts. Data loads are handed over with a pipe at once, file
     /// loads once the source handed the file over; both only once on record (fail-closed: once
     /// its start record committed, and a record that cannot refuses the load). The face parses
     /// the call and answers with what `answer` gets.
     func startLoad(item: UInt32, type: String, in session: Session, by caller: AppIdentity,
                    answer: @escaping (Result<LoadHandover, BrokerError>) -> Void) throws {
-        let rules = loadRules
-        let request = try session.authorizeLoad(item: item, type: type, by: caller, rules: rules)
-        try registry.admitLoad(in: session, to: caller)
-        let load = Load(request, failClosed: rules.failClosed)
+        let descriptors = descriptors
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
                                 limits: { [unowned self] in registry.limits }, descriptors: descriptors)
-        if request.kind == .file {
-            try descriptors.workers.admit(owners: source.owners, HandedFile.work)
+        let load = try session.openLoad(item: item, type: type, by: caller, rules: loadRules) { request throws(BrokerError) in
+            try registry.admitLoad(in: session, to: caller)
+            if request.kind == .file {
+                try descriptors.workers.admit(owners: source.owners, HandedFile.work)
+            }
         }
-        // Tracked before it starts: tracking puts it on record, which the start waits for.
-        session.track(load)
-        let descriptors = descriptors
         do {
             try load.start(from: source) { started in
                 answer(started.map { descriptor, kind in
