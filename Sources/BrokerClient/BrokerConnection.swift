@@ -3,8 +3,8 @@ import BusKit
 import Foundation
 import SystemCalls
 
-/// A connection to dragbrokerd. Both roles start here: `beginDrag` for a source,
-/// `presentToken` for a destination.
+/// A connection to dragbrokerd. Every role starts here: `beginDrag` and `copy` for a source,
+/// `presentToken` for a destination, whether the token came from a drag or the clipboard.
 ///
 /// The connection runs its own event loop thread; the actor's executor is that loop, so
 /// bus callbacks and actor state meet on one thread without locks. Messages never leave
@@ -80,6 +80,8 @@ public actor BrokerConnection {
             switch route.role {
             case .source(let session): _ = session.handle(.ended(.cancel, error))
             case .destination(let session): session.brokerVanished(error)
+            case .pasteboard(let entry): _ = entry.handle(.ended(.cancel, error))
+            case .paste(let entry): _ = entry.handlePaste(path, .ended(.cancel, error))
             }
             forget(path)
         }
@@ -224,37 +226,72 @@ public actor BrokerConnection {
     /// Begins a drag. The returned session's token is what the windowing system's drag carries
     /// to a destination. Data is produced only when the drop destination loads it.
     public func beginDrag(items: [DragItem], options: SessionOptions = SessionOptions()) async throws(BrokerError) -> DragSession {
-        let providerPath = BrokerNames.providerPathPrefix + "p\(nextProvider)"
-        nextProvider += 1
-        let object: ExportedObject
-        do {
-            object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
-                                    implementation: InterfaceImplementation(ProviderMember.self) { member in
-                                        switch member {
-                                        case .provide:
-                                            .method { [unowned self] call throws(BusError) in
-                                                try serve(call) { connection, call throws(BusError) in try connection.provide(call) }
-                                            }
-                                        case .provideFile:
-                                            .method { [unowned self] call throws(BusError) in
-                                                try serve(call) { connection, call throws(BusError) in try connection.provideFile(call) }
-                                            }
-                                        }
-                                    })
-        } catch {
-            throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
-        }
-        let (path, token) = try await callManager(.beginSession, build: { m throws(BusError) in
-            try m.openContainer("a", ItemDescriptor.signature)
-            for item in items { try item.itemProvider.descriptor.encode(to: m) }
-            try m.closeContainer()
-            try options.encode(to: m)
-            try m.append(objectPath: providerPath)
-        }, decode: { reply throws(BusError) in (try reply.readObjectPath(), try reply.readString()) })
-        providers[path] = ProviderExport(items: items.map(\.itemProvider), object: object)
+        let (path, token) = try await offer(items, through: .beginSession) { m throws(BusError) in try options.encode(to: m) }
         let session = DragSession(connection: self, path: path, token: token, items: items)
         try route(path, to: .source(session))
         return session
+    }
+
+    /// Puts items on the broker's pasteboard, after iOS's `setItemProviders(_:localOnly:expirationDate:)`:
+    /// the same lazy promises as a drag. The entry's token is what the window system's clipboard
+    /// carries (`BrokerNames.pasteboardTokenType`); data is produced only when a paste loads it.
+    public func copy(items: [DragItem], options: PasteOptions = PasteOptions()) async throws(BrokerError) -> PasteboardEntry {
+        let (path, token) = try await offer(items, through: .copy) { m throws(BusError) in try options.encode(to: m) }
+        let entry = PasteboardEntry(connection: self, path: path, token: token, items: items)
+        try route(path, to: .pasteboard(entry))
+        return entry
+    }
+
+    /// Offers items through a drag or the pasteboard (`BeginSession`, `Copy`: the same
+    /// arguments) with a provider object of their own, which serves them from then on.
+    private func offer(_ items: [DragItem], through member: ManagerMember,
+                       options: (Message) throws(BusError) -> Void) async throws(BrokerError) -> (path: String, token: String) {
+        let (providerPath, object) = try exportProvider()
+        let (path, token) = try await callManager(member, build: { m throws(BusError) in
+            try m.openContainer("a", ItemDescriptor.signature)
+            for item in items { try item.itemProvider.descriptor.encode(to: m) }
+            try m.closeContainer()
+            try options(m)
+            try m.append(objectPath: providerPath)
+        }, decode: { reply throws(BusError) in (try reply.readObjectPath(), try reply.readString()) })
+        providers[path] = ProviderExport(items: items.map(\.itemProvider), object: object)
+        return (path, token)
+    }
+
+    /// The provider object one drag or pasteboard entry is served by, at a path of its own.
+    private func exportProvider() throws(BrokerError) -> (path: String, object: ExportedObject) {
+        let providerPath = BrokerNames.providerPathPrefix + "p\(nextProvider)"
+        nextProvider += 1
+        do {
+            let object = try bus.export(path: providerPath, interface: BrokerInterfaces.provider,
+                                        implementation: InterfaceImplementation(ProviderMember.self) { member in
+                                            switch member {
+                                            case .provide:
+                                                .method { [unowned self] call throws(BusError) in
+                                                    try serve(call) { connection, call throws(BusError) in try connection.provide(call) }
+                                                }
+                                            case .provideFile:
+                                                .method { [unowned self] call throws(BusError) in
+                                                    try serve(call) { connection, call throws(BusError) in try connection.provideFile(call) }
+                                                }
+                                            }
+                                        })
+            return (providerPath, object)
+        } catch {
+            throw BrokerError(.failed, "Failed to export the item provider: \(error.message)")
+        }
+    }
+
+    /// An app pasted one of this connection's entries (`Pasted`, which comes before the
+    /// paste's first `Provide`): its loads are served from the entry's providers.
+    private func servePaste(at pastePath: String, of entryPath: String, for entry: PasteboardEntry) {
+        guard let export = providers[entryPath] else { return }
+        providers[pastePath] = export
+        do {
+            try route(pastePath, to: .paste(entry))
+        } catch {
+            providers[pastePath] = nil
+        }
     }
 
     /// Runs a provider method's handler in the actor: sd-bus calls it on the loop, the actor's
@@ -341,8 +378,10 @@ public actor BrokerConnection {
     }
 
     private func noteLoadRequested(_ sessionPath: String, _ load: UInt32, _ item: UInt32, _ type: String) {
-        if case .source(let session) = routes[sessionPath]?.role {
-            session.noteLoadRequested(load: load, item: Int(item), type: type)
+        switch routes[sessionPath]?.role {
+        case .source(let session): session.noteLoadRequested(load: load, item: Int(item), type: type)
+        case .paste(let entry): entry.noteLoadRequested(paste: sessionPath, load: load, item: Int(item), type: type)
+        case .pasteboard, .destination, nil: break
         }
     }
 
@@ -392,6 +431,15 @@ public actor BrokerConnection {
     public func presentToken(_ token: String) async throws(BrokerError) -> DropSession {
         let path = try await callManager(.presentToken, build: { m throws(BusError) in try m.append(token) },
                                          decode: { reply throws(BusError) in try reply.readObjectPath() })
+        return try join(at: path)
+    }
+
+    /// This connection's paste of an entry: a session it loads from as after a drop.
+    func joinPaste(at path: String) throws(BrokerError) -> DropSession {
+        try join(at: path)
+    }
+
+    private func join(at path: String) throws(BrokerError) -> DropSession {
         if case .destination(let existing) = routes[path]?.role { return existing }
         let session = DropSession(connection: self, path: path)
         try route(path, to: .destination(session))
@@ -425,6 +473,15 @@ public actor BrokerConnection {
             listening = session.handle(signal)
         case .destination(let session):
             listening = session.handle(signal)
+        case .pasteboard(let entry):
+            if case .pasted(let pastePath, let app) = signal {
+                servePaste(at: pastePath, of: path, for: entry)
+                entry.notePasted(pastePath, by: app)
+            }
+            listening = entry.handle(signal)
+        case .paste(let entry):
+            if case .loadFinished(let load, _) = signal { loadEnded(path, load) }
+            listening = entry.handlePaste(path, signal)
         }
         if !listening { forget(path) }
     }
@@ -473,6 +530,10 @@ private struct SessionRoute {
     enum Role {
         case source(DragSession)
         case destination(DropSession)
+        /// This connection's own entry on the pasteboard.
+        case pasteboard(PasteboardEntry)
+        /// A paste of one of its entries, which it serves.
+        case paste(PasteboardEntry)
     }
     let role: Role
     let slot: Slot

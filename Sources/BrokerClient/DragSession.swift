@@ -97,6 +97,8 @@ public final class DragSession: Sendable {
             continuation.yield(.transferFinished)
             continuation.finish()
             return false
+        case .pasted:
+            break
         }
         return true
     }

@@ -36,6 +36,14 @@ public final class DropSession: Sendable {
         try await connection.call(path: path, member, build: build, decode: decode)
     }
 
+    /// Pastes a pasteboard entry (one whose token came from the clipboard): the user's explicit
+    /// act, as `performDrop` is for a drag. The returned session is this paste's own: load from
+    /// it, then `conclude`. Each call is another paste, with its own record.
+    public func paste() async throws(BrokerError) -> DropSession {
+        let path = try await call(.paste, decode: { reply throws(BusError) in try reply.readObjectPath() })
+        return try await connection.joinPaste(at: path)
+    }
+
     /// The items, with only the types this app may see: enough for "can handle" decisions.
     public func items() async throws(BrokerError) -> [VisibleItem] {
         try await call(.getItems, decode: { reply throws(BusError) in
@@ -254,7 +262,7 @@ public final class DropSession: Sendable {
             continuation.yield(.ended(operation, error))
             continuation.finish()
             loads.withLock { $0.sessionEnded() }
-        case .willEnd, .transferFinished:
+        case .willEnd, .transferFinished, .pasted:
             break
         }
         return loads.withLock { $0.needsSignals }

@@ -10,6 +10,8 @@ enum SessionSignal: Sendable, Equatable {
     case loadProgress(load: UInt32, bytes: UInt64, expected: UInt64?)
     case loadFinished(load: UInt32, LoadOutcome)
     case transferFinished
+    /// An app pasted this pasteboard entry: the paste's path and the app's ID.
+    case pasted(path: String, app: String)
 
     /// Decodes `member`'s arguments; nil for a member this library does not know, or malformed
     /// arguments.
@@ -31,6 +33,8 @@ enum SessionSignal: Sendable, Equatable {
                 self = .loadFinished(load: load, LoadOutcome(bytes: bytes, error: error))
             case .transferFinished:
                 self = .transferFinished
+            case .pasted:
+                self = .pasted(path: try m.readObjectPath(), app: try m.readString())
             default:
                 return nil
             }

@@ -3,6 +3,7 @@
 // (`application/vnd.dragbroker.token.v1`, docs/desktop-drag-protocol.md); everything else goes
 // through BrokerClient. `DragSourceController` is the source's side, `DropTargetController` the
 // target's. Both live on the main thread, which GTK's main loop and Swift's main actor share.
+import BrokerProtocol
 import CGtk
 import Dispatch
 import SystemCalls
@@ -30,7 +31,7 @@ public enum GtkMainActor {
 
 /// The token's type in the toolkit drag, as the drag protocol names it.
 public enum DragProtocol {
-    public static let tokenType = "application/vnd.dragbroker.token.v1"
+    public static let tokenType = BrokerNames.dragTokenType
 
     /// A token as the protocol allows it: 64 lowercase hexadecimal characters, nothing else.
     static func token(from bytes: [UInt8]) -> String? {

@@ -35,9 +35,9 @@ extension Policy {
     /// The first rule matching the flow decides; no match allows. A `LargerThan=` rule only
     /// matches when `size` is known, so a caller streaming bytes of unknown length must also
     /// enforce `byteLimit`.
-    public func decide(from: FlowParty, to: FlowParty, type: String, size: UInt64?,
+    public func decide(from: FlowParty, to: FlowParty, type: String, size: UInt64?, channel: FlowChannel = .drag,
                        conforms: (String, String) -> Bool) -> (action: FlowAction, rule: FlowRule?) {
-        for rule in flows where rule.matches(from: from, to: to, type: type, conforms: conforms) {
+        for rule in flows where rule.matches(from: from, to: to, type: type, channel: channel, conforms: conforms) {
             guard let threshold = rule.largerThan else { return (rule.action, rule) }
             if let size, size > threshold { return (rule.action, rule) }
         }
@@ -48,11 +48,11 @@ extension Policy {
     /// among reachable matching deny rules. An earlier matching allow rule without
     /// `LargerThan=` makes every later rule unreachable; one with `LargerThan=a` hides deny
     /// rules whose threshold is at least `a`, since every size they would catch it allows first.
-    public func byteLimit(from: FlowParty, to: FlowParty, type: String,
+    public func byteLimit(from: FlowParty, to: FlowParty, type: String, channel: FlowChannel = .drag,
                           conforms: (String, String) -> Bool) -> (limit: UInt64, rule: FlowRule)? {
         var best: (limit: UInt64, rule: FlowRule)?
         var smallestAllow: UInt64?
-        for rule in flows where rule.matches(from: from, to: to, type: type, conforms: conforms) {
+        for rule in flows where rule.matches(from: from, to: to, type: type, channel: channel, conforms: conforms) {
             switch (rule.action, rule.largerThan) {
             case (.allow, nil):
                 return best
@@ -84,9 +84,9 @@ extension FlowEndpoint {
 
 extension FlowRule {
     /// Everything but the size condition.
-    func matches(from: Policy.FlowParty, to: Policy.FlowParty, type: String,
+    func matches(from: Policy.FlowParty, to: Policy.FlowParty, type: String, channel: FlowChannel,
                  conforms: (String, String) -> Bool) -> Bool {
-        self.from.matches(from) && self.to.matches(to)
+        covers(channel) && self.from.matches(from) && self.to.matches(to)
             && (typePatterns.isEmpty || typePatterns.contains { conforms(type, $0) })
     }
 }

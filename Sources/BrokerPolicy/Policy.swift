@@ -103,23 +103,36 @@ public enum FlowAction: String, Hashable, Sendable {
 }
 
 /// One `[Flow]` section.
+/// The ways data moves between apps through the broker: a drag and drop, or a copy and paste.
+public enum FlowChannel: String, CaseIterable, Hashable, Sendable {
+    case drag, paste
+}
+
 public struct FlowRule: Hashable, Sendable {
     public var from: FlowEndpoint
     public var to: FlowEndpoint
     /// Empty means every type.
     public var typePatterns: [String]
     public var largerThan: UInt64?
+    /// Empty means every channel.
+    public var channels: Set<FlowChannel>
     public var action: FlowAction
     public var origin: SourceLocation
 
     public init(from: FlowEndpoint, to: FlowEndpoint, typePatterns: [String] = [],
-                largerThan: UInt64? = nil, action: FlowAction, origin: SourceLocation) {
+                largerThan: UInt64? = nil, channels: Set<FlowChannel> = [], action: FlowAction, origin: SourceLocation) {
         self.from = from
         self.to = to
         self.typePatterns = typePatterns
         self.largerThan = largerThan
+        self.channels = channels
         self.action = action
         self.origin = origin
+    }
+
+    /// Whether the rule speaks of data moving through `channel`.
+    public func covers(_ channel: FlowChannel) -> Bool {
+        channels.isEmpty || channels.contains(channel)
     }
 }
 
@@ -194,6 +207,20 @@ public struct PolicyLimits: Hashable, Sendable {
     ]
 }
 
+/// The clipboard through the broker: how long an entry lives, and whether a source may also
+/// offer representations in the clear for apps that do not speak the protocol.
+public struct PasteboardOptions: Hashable, Sendable {
+    /// Seconds an entry lives when its source asks for no expiration.
+    public var expirationSec = 86_400
+    /// The longest expiration a source may ask for; a longer one is cut to it.
+    public var maxExpirationSec = 604_800
+    /// Whether a source may offer representations in the clear on the window system's clipboard
+    /// (those any unknown app could have): `no` forbids it entirely.
+    public var clearOffers = true
+
+    public init() {}
+}
+
 public struct AuditOptions: Hashable, Sendable {
     /// Refuse transfers that cannot be audited.
     public var failClosed = false
@@ -212,6 +239,7 @@ public struct Policy: Hashable, Sendable {
     /// In evaluation order: the first matching rule decides.
     public var flows: [FlowRule]
     public var limits: PolicyLimits
+    public var pasteboard = PasteboardOptions()
     public var audit: AuditOptions
     /// The files actually read, in the order they were applied.
     public var files: [String]

@@ -58,14 +58,15 @@ public enum PolicyLoader {
 private typealias Located = (text: String, location: SourceLocation)
 
 private enum SectionKind: String, CaseIterable {
-    case app = "App", team = "Team", flow = "Flow", limits = "Limits", audit = "Audit"
+    case app = "App", team = "Team", flow = "Flow", limits = "Limits", pasteboard = "Pasteboard", audit = "Audit"
 
     var keys: [String] {
         switch self {
         case .app: ["Executable", "AppID", "Team", "Managed", "Sources"]
         case .team: ["Name", "Managed"]
-        case .flow: ["From", "To", "Types", "LargerThan", "Action"]
+        case .flow: ["From", "To", "Types", "LargerThan", "Channels", "Action"]
         case .limits: PolicyLimits.keys.map(\.name)
+        case .pasteboard: ["ExpirationSec", "MaxExpirationSec", "ClearOffers"]
         case .audit: ["FailClosed", "RetentionDays"]
         }
     }
@@ -83,6 +84,7 @@ private struct OpenSection {
     var from, to: FlowEndpoint?
     var types: [String] = []
     var largerThan: UInt64?
+    var channels: Set<FlowChannel> = []
     var action: FlowAction?
 
     func missing(_ keys: [String?]) -> PolicyError {
@@ -216,6 +218,22 @@ private struct Reader {
             }
         case (.flow, "LargerThan"):
             s.largerThan = try a.value.isEmpty ? nil : a.parse("a size in bytes with an optional K, M or G suffix", Syntax.size)
+        case (.flow, "Channels"):
+            s.channels = try Set(a.value.split(whereSeparator: \.isWhitespace).map { word throws(PolicyError) in
+                guard let channel = FlowChannel(rawValue: String(word)) else {
+                    throw PolicyError(a.location, "invalid value \"\(word)\" in Channels=, expected drag or paste")
+                }
+                return channel
+            })
+        case (.pasteboard, "ExpirationSec"), (.pasteboard, "MaxExpirationSec"):
+            let path: WritableKeyPath<PasteboardOptions, Int> = a.key == "ExpirationSec" ? \.expirationSec : \.maxExpirationSec
+            policy.pasteboard[keyPath: path] = try a.value.isEmpty
+                ? PasteboardOptions()[keyPath: path]
+                : a.parse("a number of seconds from 1 to 1000000", Syntax.integer(1...1_000_000))
+            policy.settingOrigins["Pasteboard.\(a.key)"] = a.value.isEmpty ? nil : a.location
+        case (.pasteboard, "ClearOffers"):
+            policy.pasteboard.clearOffers = try a.bool(default: PasteboardOptions().clearOffers)
+            policy.settingOrigins["Pasteboard.\(a.key)"] = a.value.isEmpty ? nil : a.location
         case (.flow, "Action"):
             s.action = try a.parse("allow or deny", FlowAction.init(rawValue:))
         case (.audit, "FailClosed"):
@@ -252,8 +270,8 @@ private struct Reader {
                 throw s.missing([s.from == nil ? "From" : nil, s.to == nil ? "To" : nil, s.action == nil ? "Action" : nil])
             }
             policy.flows.append(FlowRule(from: from, to: to, typePatterns: s.types, largerThan: s.largerThan,
-                                         action: action, origin: s.header))
-        case .limits, .audit:
+                                         channels: s.channels, action: action, origin: s.header))
+        case .limits, .pasteboard, .audit:
             break
         }
     }
@@ -379,6 +397,9 @@ extension Policy {
             lines += ["", "# from \(flow.origin)", "[Flow]", "From=\(flow.from)", "To=\(flow.to)"]
             if !flow.typePatterns.isEmpty { lines.append("Types=\(flow.typePatterns.joined(separator: " "))") }
             if let size = flow.largerThan { lines.append("LargerThan=\(Syntax.format(size: size))") }
+            if !flow.channels.isEmpty {
+                lines.append("Channels=" + FlowChannel.allCases.filter(flow.channels.contains).map(\.rawValue).joined(separator: " "))
+            }
             lines.append("Action=\(flow.action.rawValue)")
         }
         lines += ["", "[Limits]"]
@@ -386,6 +407,14 @@ extension Policy {
             let value = limits[keyPath: path]
             lines += [provenance("Limits.\(name)", isDefault: value == PolicyLimits()[keyPath: path]), "\(name)=\(value)"]
         }
+        let defaults = PasteboardOptions()
+        lines += ["", "[Pasteboard]",
+                  provenance("Pasteboard.ExpirationSec", isDefault: pasteboard.expirationSec == defaults.expirationSec),
+                  "ExpirationSec=\(pasteboard.expirationSec)",
+                  provenance("Pasteboard.MaxExpirationSec", isDefault: pasteboard.maxExpirationSec == defaults.maxExpirationSec),
+                  "MaxExpirationSec=\(pasteboard.maxExpirationSec)",
+                  provenance("Pasteboard.ClearOffers", isDefault: pasteboard.clearOffers == defaults.clearOffers),
+                  "ClearOffers=\(Syntax.format(pasteboard.clearOffers))"]
         lines += ["", "[Audit]",
                   provenance("Audit.FailClosed", isDefault: audit.failClosed == AuditOptions().failClosed),
                   "FailClosed=\(Syntax.format(audit.failClosed))",

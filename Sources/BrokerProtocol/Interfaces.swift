@@ -35,6 +35,7 @@ public enum ManagerMember: String, InterfaceTable {
     case getPolicy = "GetPolicy"
     case reloadPolicy = "ReloadPolicy"
     case getUsage = "GetUsage"
+    case copy = "Copy"
     case version = "Version"
     case sessionCount = "SessionCount"
     case monitorEvent = "MonitorEvent"
@@ -115,6 +116,17 @@ public enum ManagerMember: String, InterfaceTable {
                 unsandboxed apps of one user together ("the unsandboxed apps of uid N"): live sessions begun, loads
                 in flight (as destination or source), descriptor threads busy, microseconds the oldest has waited.
                 """)
+        case .copy:
+            .method(in: [A("items", "a" + ItemDescriptor.signature), A("options", "a{sv}"), A("provider", "o")], out: [A("entry", "o"), A("token", "s")], annotations: [.qtType(in: 0, "DragItemList"), .qtType(in: 1, "QVariantMap")], doc: """
+                Copy: a source puts items on the pasteboard, as BeginSession puts them in a drag: the same items,
+                visibility and provider, and nothing is asked of the provider until a paste loads. options:
+                RestrictedToApp (b): only the source's app may paste it; ExpirationSec (u): seconds until the
+                entry expires (absent: the policy's ExpirationSec=; more than its MaxExpirationSec= is cut to
+                that); any other key is refused. Returns the entry's path (a session in state "copied") and its
+                secret token (hex), which the source puts on the window system's clipboard. The entry lives until
+                the source calls Cancel on it (its toolkit lost the clipboard), it expires (Ended with Timeout),
+                or the source leaves the bus.
+                """)
         case .version:
             .property("s", .constant)
         case .sessionCount:
@@ -125,7 +137,8 @@ public enum ManagerMember: String, InterfaceTable {
         case .monitorEvent:
             .signal([A("session", "s"), A("event", "s"), A("detail", "s"), A("bytes", "t"), A("expected", "t")], doc: """
                 MonitorEvent: unicast to monitors. event: begin, enter, update, exit, drop, load, progress,
-                loaded, end; bytes and expected for progress and loaded.
+                loaded, end, and for the clipboard copy (an entry was put on the pasteboard) and paste (a paste
+                of one began); bytes and expected for progress and loaded.
                 """)
         }
     }
@@ -144,6 +157,8 @@ public enum SessionMember: String, InterfaceTable {
     case setExpectedSize = "SetExpectedSize"
     case conclude = "Conclude"
     case cancel = "Cancel"
+    case paste = "Paste"
+    case clearOffers = "ClearOffers"
     case id = "Id"
     case sourceApp = "SourceApp"
     case state = "State"
@@ -155,6 +170,7 @@ public enum SessionMember: String, InterfaceTable {
     case transferFinished = "TransferFinished"
     case loadProgress = "LoadProgress"
     case loadFinished = "LoadFinished"
+    case pasted = "Pasted"
 
     public static let interfaceName = BrokerNames.sessionInterface
     public static let annotations = BrokerInterfaces.errorsAnnotation
@@ -223,7 +239,25 @@ public enum SessionMember: String, InterfaceTable {
         case .conclude:
             .method(doc: "Conclude: the drop destination is done; loads in flight finish, no new ones start.")
         case .cancel:
-            .method(doc: "Cancel: the source cancels the drag.")
+            .method(doc: "Cancel: the source cancels the drag, or withdraws its pasteboard entry.")
+        case .paste:
+            .method(out: [A("paste", "o")], doc: """
+                Paste: the user's explicit act on a pasteboard entry (state "copied"), as PerformDrop is on a drag:
+                a party that presented the entry's token gets a new session of its own, in state "pasted", with
+                the items it may see, in which it alone may Load, CancelLoad and Conclude as after a drop. Each
+                Paste is its own session and its own record; one entry may be pasted many times. A paste of
+                nothing the caller may see is NotFound, and AccessDenied when the administrator's flow rules
+                refused it everything it could otherwise see.
+                """)
+        case .clearOffers:
+            .method(out: [A("types", "as")], doc: """
+                ClearOffers: for the source of a pasteboard entry, the types of its first item that it may also
+                offer on the window system's clipboard in the clear, for apps that do not speak the protocol:
+                those with visibility "all" that the administrator's flow rules let reach an unknown unmanaged
+                app through the paste channel, as listed; none when the policy says ClearOffers=no. A clipboard
+                carries one item: later items go only through the broker. Nothing offered in the clear is
+                recorded: the broker never sees those pastes.
+                """)
         case .id:
             .property("s", .constant)
         case .sourceApp:
@@ -254,6 +288,11 @@ public enum SessionMember: String, InterfaceTable {
                 To both ends of a load; error is empty when every byte was delivered, else why it ended
                 (Cancelled, Timeout with which deadline fired, Disconnected, ProviderFailed, AccessDenied).
                 """)
+        case .pasted:
+            .signal([A("paste", "o"), A("app", "s")], doc: """
+                To the source of a pasteboard entry, when an app pastes it: the paste's path and the app's ID. It
+                comes before any Provide for that paste, whose session argument is the paste's path.
+                """)
         }
     }
 }
@@ -266,9 +305,10 @@ public enum ProviderMember: String, InterfaceTable {
     public static let annotations = BrokerInterfaces.errorsAnnotation
     public static let documentation = """
       org.dragbroker.Provider1: exported by a source on its own connection, at the path it gave to
-      BeginSession. dragbrokerd calls it only after a drop, once per load. But any peer on the bus can
-      call an exported object: serve a call only when its sender is the unique name that owns
-      org.dragbroker.Broker1 and its session is one this app began, and answer anything else with
+      BeginSession or Copy. dragbrokerd calls it only after a drop or a paste, once per load. But any
+      peer on the bus can call an exported object: serve a call only when its sender is the unique name
+      that owns org.dragbroker.Broker1 and its session is one this app began, or a paste of its entry
+      that the Pasted signal announced, and answer anything else with
       org.dragbroker.Broker1.Error.AccessDenied.
       The annotations org.dragbroker.Broker1.Errors, org.gtk.GDBus.C.* and org.qtproject.QtDBus.*
       are explained in org.dragbroker.Broker1.Manager.xml.

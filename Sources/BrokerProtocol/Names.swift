@@ -12,6 +12,13 @@ public enum BrokerNames {
     /// Where a source exports its provider on its own connection.
     public static let providerPathPrefix = "/org/dragbroker/Provider1/"
 
+    /// What the window system's drag carries: the session's token, and nothing else.
+    public static let dragTokenType = "application/vnd.dragbroker.token.v1"
+    /// What the window system's clipboard carries for a pasteboard entry: its token. A type of
+    /// its own, so that a target knows from the offer which act it performs (Enter and
+    /// PerformDrop, or Paste) before it asks the broker anything.
+    public static let pasteboardTokenType = "application/vnd.dragbroker.pasteboard.v1"
+
     /// The one function that turns a session ID into its object path.
     public static func sessionPath(id: String) -> String {
         "\(managerPath)/session/\(id)"

@@ -137,10 +137,7 @@ public struct VisibleItem: Sendable, Equatable, Codable {
         let name = try m.readString()
         let width = try m.readDouble()
         let height = try m.readDouble()
-        var types: [String] = []
-        _ = try m.enterContainer("a", "s")
-        while try m.peekType() != nil { types.append(try m.readString()) }
-        try m.exitContainer()
+        let types = try m.readStrings()
         try m.exitContainer()
         return VisibleItem(suggestedName: name, preferredWidth: width, preferredHeight: height, typeIdentifiers: types)
     }
@@ -159,28 +156,13 @@ public struct SessionOptions: Sendable, Equatable, Codable {
     }
 
     public func encode(to m: Message) throws(BusError) {
-        try m.openContainer("a", "{sv}")
-        for (key, value) in [("RestrictedToApp", restrictedToApp), ("AllowsMove", allowsMove)] {
-            try m.openContainer("e", "sv")
-            try m.append(key)
-            try m.openContainer("v", "b")
-            try m.append(value)
-            try m.closeContainer()
-            try m.closeContainer()
-        }
-        try m.closeContainer()
+        try m.append(variantDictionary: [("RestrictedToApp", .bool(restrictedToApp)), ("AllowsMove", .bool(allowsMove))])
     }
 
     /// Unknown keys and wrongly typed values are refused, so a typo never silently weakens a session.
     public static func decode(from m: Message) throws(BrokerError) -> SessionOptions {
-        let fields: [String: VariantValue]
-        do {
-            fields = try m.readVariantDictionary()
-        } catch {
-            throw BrokerError.invalidArgument("Malformed options: \(error)")
-        }
         var options = SessionOptions()
-        for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
+        for (key, value) in try readOptions(from: m) {
             guard let flag = value.bool else {
                 throw BrokerError.invalidArgument("Option '\(key)' must be a boolean (variant of type 'b')")
             }
@@ -188,6 +170,56 @@ public struct SessionOptions: Sendable, Equatable, Codable {
             case "RestrictedToApp": options.restrictedToApp = flag
             case "AllowsMove": options.allowsMove = flag
             default: throw BrokerError.invalidArgument("Unknown session option '\(key)': expected RestrictedToApp or AllowsMove")
+            }
+        }
+        return options
+    }
+}
+
+/// The `a{sv}` options `BeginSession` and `Copy` take, by key in order, so that a refusal
+/// names the same key whatever order the caller sent them in.
+private func readOptions(from m: Message) throws(BrokerError) -> [(key: String, value: VariantValue)] {
+    do {
+        return try m.readVariantDictionary().sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    } catch {
+        throw BrokerError.invalidArgument("Malformed options: \(error)")
+    }
+}
+
+/// What a source asks of its pasteboard entry (`Copy`), after iOS's
+/// `setItemProviders(_:localOnly:expirationDate:)`.
+public struct PasteOptions: Sendable, Equatable, Codable {
+    /// `RestrictedToApp`: only the source's own app may paste it (`localOnly`).
+    public var restrictedToApp: Bool
+    /// `ExpirationSec`: seconds the entry lives; nil for the policy's default.
+    public var expirationSec: UInt32?
+
+    public init(restrictedToApp: Bool = false, expirationSec: UInt32? = nil) {
+        self.restrictedToApp = restrictedToApp
+        self.expirationSec = expirationSec
+    }
+
+    public func encode(to m: Message) throws(BusError) {
+        try m.append(variantDictionary: [("RestrictedToApp", .bool(restrictedToApp))] + (expirationSec.map { [("ExpirationSec", .uint32($0))] } ?? []))
+    }
+
+    /// Unknown keys and wrongly typed values are refused, as for a drag's options.
+    public static func decode(from m: Message) throws(BrokerError) -> PasteOptions {
+        var options = PasteOptions()
+        for (key, value) in try readOptions(from: m) {
+            switch key {
+            case "RestrictedToApp":
+                guard let flag = value.bool else {
+                    throw BrokerError.invalidArgument("Option 'RestrictedToApp' must be a boolean (variant of type 'b')")
+                }
+                options.restrictedToApp = flag
+            case "ExpirationSec":
+                guard let seconds = value.uint32, seconds > 0 else {
+                    throw BrokerError.invalidArgument("Option 'ExpirationSec' must be a positive number of seconds (variant of type 'u')")
+                }
+                options.expirationSec = seconds
+            default:
+                throw BrokerError.invalidArgument("Unknown pasteboard option '\(key)': expected RestrictedToApp or ExpirationSec")
             }
         }
         return options
@@ -224,6 +256,12 @@ public struct SessionSummary: Sendable, Equatable, Codable {
         try m.append(itemCount)
         try m.append(createdAt)
         try m.closeContainer()
+    }
+
+    /// What the session is: "copy" for an entry on the pasteboard (state `copied`), "paste" for
+    /// one paste of an entry (whose ID is the entry's, "_" and a number), else "drag".
+    public var kind: String {
+        state == "copied" ? "copy" : id.contains("_") ? "paste" : "drag"
     }
 
     public static func decode(from m: Message) throws(BusError) -> SessionSummary? {
@@ -403,6 +441,8 @@ public struct SessionDetails: Sendable, Equatable, Codable {
 /// What a `MonitorEvent` reports: its `event` argument.
 public enum MonitorEventKind: String, Sendable, CaseIterable {
     case begin, enter, update, exit, drop, load, progress, loaded, end
+    /// An entry was put on the pasteboard; a paste of one began.
+    case copy, paste
 }
 
 /// One live event, as `dragctl monitor` shows it: begin, enter, update, exit, drop, load,

@@ -75,6 +75,28 @@ public final class Message {
     /// Appends a descriptor; sd-bus duplicates it, so the caller keeps its own.
     public func append(fileDescriptor fd: Int32) throws(BusError) { try appendTrivial(fd, "h") }
 
+    /// An `a{sv}`, in the order given.
+    public func append(variantDictionary entries: [(key: String, value: VariantValue)]) throws(BusError) {
+        try openContainer("a", "{sv}")
+        for (key, value) in entries {
+            try openContainer("e", "sv")
+            try append(key)
+            switch value {
+            case .string(let v): try openContainer("v", "s"); try append(v)
+            case .bool(let v): try openContainer("v", "b"); try append(v)
+            case .uint32(let v): try openContainer("v", "u"); try append(v)
+            case .uint64(let v): try openContainer("v", "t"); try append(v)
+            case .int32(let v): try openContainer("v", "i"); try append(v)
+            case .int64(let v): try openContainer("v", "x"); try append(v)
+            case .double(let v): try openContainer("v", "d"); try append(v)
+            case .other(let type): throw .invalidArguments("cannot write a variant of type '\(type)'")
+            }
+            try closeContainer()
+            try closeContainer()
+        }
+        try closeContainer()
+    }
+
     private func appendTrivial<T: BitwiseCopyable>(_ value: T, _ type: Unicode.Scalar) throws(BusError) {
         var v = value
         try check(sd_bus_message_append_basic(handle, CChar(UInt8(ascii: type)), &v), "append \(type)")
@@ -94,6 +116,15 @@ public final class Message {
 
     public func readString() throws(BusError) -> String { try readStringLike("s") }
     public func readObjectPath() throws(BusError) -> String { try readStringLike("o") }
+
+    /// An `as`.
+    public func readStrings() throws(BusError) -> [String] {
+        var strings: [String] = []
+        _ = try enterContainer("a", "s")
+        while try peekType() != nil { strings.append(try readString()) }
+        try exitContainer()
+        return strings
+    }
 
     public func readBool() throws(BusError) -> Bool {
         let v: Int32 = try readTrivial("b", 0)

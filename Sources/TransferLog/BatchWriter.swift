@@ -407,14 +407,14 @@ extension TransferLog.Entry {
         switch self {
         case .session(let record):
             try db.cachedStatement(sql: """
-                INSERT INTO session (sessionID, sourceApp, destinationApp, itemCount, operation, outcome, errorName, startedAt, endedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                INSERT INTO session (sessionID, kind, sourceApp, destinationApp, itemCount, operation, outcome, errorName, startedAt, endedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT(sessionID) DO UPDATE SET
-                    sourceApp = excluded.sourceApp, destinationApp = excluded.destinationApp, itemCount = excluded.itemCount,
-                    operation = excluded.operation, outcome = excluded.outcome, errorName = excluded.errorName,
-                    endedAt = excluded.endedAt
-                """).execute(arguments: [record.sessionID, record.sourceApp, record.destinationApp, record.itemCount, record.operation,
-                                 record.outcome, record.errorName, MicrosecondTimestamp.microseconds(record.startedAt),
+                    kind = excluded.kind, sourceApp = excluded.sourceApp, destinationApp = excluded.destinationApp,
+                    itemCount = excluded.itemCount, operation = excluded.operation, outcome = excluded.outcome,
+                    errorName = excluded.errorName, endedAt = excluded.endedAt
+                """).execute(arguments: [record.sessionID, record.kind, record.sourceApp, record.destinationApp, record.itemCount,
+                                 record.operation, record.outcome, record.errorName, MicrosecondTimestamp.microseconds(record.startedAt),
                                  MicrosecondTimestamp.microseconds(record.endedAt)])
         case .load(let record):
             guard let loadID = record.loadID else { return try record.insert(db) }

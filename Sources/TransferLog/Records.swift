@@ -1,13 +1,15 @@
 import Foundation
 import GRDB
 
-/// One drag session: written with the outcome "open" when it begins, brought up to date at the
-/// drop, and completed in place when it ends. While it is open, `endedAt` is the latest time
-/// the session was known to be alive.
+/// One session: a drag, a pasteboard entry or a paste of one. Written with the outcome "open"
+/// when it begins, brought up to date at the drop, and completed in place when it ends. While
+/// it is open, `endedAt` is the latest time the session was known to be alive.
 public struct SessionRecord: Sendable, Codable, Equatable, MicrosecondDatedRecord, PersistableRecord {
     public static let databaseTableName = "session"
 
     public var sessionID: String
+    /// "drag", "copy" (an entry on the pasteboard) or "paste" (one paste of an entry).
+    public var kind: String
     public var sourceApp: String
     public var destinationApp: String?
     public var itemCount: Int
@@ -23,12 +25,23 @@ public struct SessionRecord: Sendable, Codable, Equatable, MicrosecondDatedRecor
     public static let open = "open"
     public static let interrupted = "interrupted"
 
+    /// The kind of a session that had loads, from its ID alone: only drags and pastes have
+    /// loads, and a paste's ID is its entry's, "_" and its number (`s12_3`). What a record
+    /// rebuilt from a load after a crash is.
+    public static func kind(ofSessionWithLoads sessionID: String) -> String {
+        sessionID.contains("_") ? "paste" : "drag"
+    }
+
+    /// The channel data of this kind moves through, as flow rules and the journal name it.
+    public var channel: String { kind == "drag" ? "drag" : "paste" }
+
     public init(
-        sessionID: String, sourceApp: String, destinationApp: String?, itemCount: Int,
+        sessionID: String, kind: String? = nil, sourceApp: String, destinationApp: String?, itemCount: Int,
         operation: String, outcome: String, errorName: String? = nil,
         startedAt: Date, endedAt: Date
     ) {
         self.sessionID = sessionID
+        self.kind = kind ?? Self.kind(ofSessionWithLoads: sessionID)
         self.sourceApp = sourceApp
         self.destinationApp = destinationApp
         self.itemCount = itemCount

@@ -94,6 +94,14 @@ enum Schema {
             }
         }
 
+        migrator.registerMigration("v6-session-kinds") { db in
+            // The clipboard goes through the broker too: a session is a drag, a pasteboard entry
+            // ("copy") or one paste of it. Every session before was a drag.
+            try db.alter(table: "session") { t in
+                t.add(column: "kind", .text).notNull().defaults(to: "drag")
+            }
+        }
+
         return migrator
     }()
 }

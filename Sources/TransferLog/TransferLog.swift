@@ -226,12 +226,12 @@ public final class TransferLog: Sendable {
             for left in inFlight {
                 let session = left.session
                 try db.execute(sql: """
-                    INSERT INTO session (sessionID, sourceApp, destinationApp, itemCount, operation, outcome, startedAt, endedAt)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    INSERT INTO session (sessionID, kind, sourceApp, destinationApp, itemCount, operation, outcome, startedAt, endedAt)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT(sessionID) DO UPDATE SET destinationApp = COALESCE(session.destinationApp, excluded.destinationApp)
                         WHERE session.outcome = excluded.outcome
-                    """, arguments: [session.sessionID, session.sourceApp, session.destinationApp, session.itemCount, session.operation,
-                                     open, MicrosecondTimestamp.microseconds(session.startedAt),
+                    """, arguments: [session.sessionID, session.kind, session.sourceApp, session.destinationApp, session.itemCount,
+                                     session.operation, open, MicrosecondTimestamp.microseconds(session.startedAt),
                                      MicrosecondTimestamp.microseconds(session.endedAt)])
                 let load = left.load
                 try db.execute(sql: """
@@ -424,10 +424,13 @@ public final class TransferLog: Sendable {
 
     /// Load totals grouped by `column` (sourceApp, destinationApp, typeIdentifier, outcome),
     /// largest byte count first.
+    /// `column` is "sourceApp", "destinationApp", "typeIdentifier", "outcome", or "channel":
+    /// "drag" or "paste", told by the load's session ID (`SessionRecord.kind(ofSessionWithLoads:)`).
     public func totals(by column: String) throws -> [Total] {
-        precondition(["sourceApp", "destinationApp", "typeIdentifier", "outcome"].contains(column))
+        precondition(["sourceApp", "destinationApp", "typeIdentifier", "outcome", "channel"].contains(column))
+        let key = column == "channel" ? "CASE WHEN instr(sessionID, '_') > 0 THEN 'paste' ELSE 'drag' END" : column
         return try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS loads, SUM(bytes) AS bytes FROM load GROUP BY \(column) ORDER BY bytes DESC, key")
+            try Row.fetchAll(db, sql: "SELECT \(key) AS key, COUNT(*) AS loads, SUM(bytes) AS bytes FROM load GROUP BY 1 ORDER BY bytes DESC, key")
                 .map { Total(key: $0["key"], loads: $0["loads"], bytes: $0["bytes"]) }
         }
     }

@@ -71,8 +71,8 @@ struct Log: AsyncParsableCommand {
         }
         if output.mode != .off { return try output.printJSON(report) }
         output.page((gapWarning(lost: report.lostRecords, report.gaps).map { $0 + "\n\n" } ?? "") + output.table(
-            ["SESSION", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
-            report.sessions.map { [$0.sessionID, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
+            ["SESSION", "KIND", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
+            report.sessions.map { [$0.sessionID, $0.kind, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
             legend: "\(plural(report.sessions.count, "session")) listed.") + "\n\n" + output.table(
             ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
@@ -147,7 +147,7 @@ struct Refusals: AsyncParsableCommand {
 
 struct Stats: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Totals of the transfer log by app, type and outcome; then, from the running daemon, what each app holds now.")
+        abstract: "Totals of the transfer log by app, type, outcome and channel; then, from the running daemon, what each app holds now.")
 
     @OptionGroup var location: LogOptions
     @OptionGroup var bus: BusOptions
@@ -161,6 +161,8 @@ struct Stats: AsyncParsableCommand {
         var byDestinationApp: [TransferLog.Total]
         var byType: [TransferLog.Total]
         var byOutcome: [TransferLog.Total]
+        /// Drag and drop, and copy and paste.
+        var byChannel: [TransferLog.Total]
         /// Records the daemon could not write, counted instead: the totals are short by them.
         var lostRecords: Int64
         var gaps: [GapRecord]
@@ -174,7 +176,7 @@ struct Stats: AsyncParsableCommand {
             let log = try location.open()
             report = Report(bySourceApp: try log.totals(by: "sourceApp"), byDestinationApp: try log.totals(by: "destinationApp"),
                             byType: try log.totals(by: "typeIdentifier"), byOutcome: try log.totals(by: "outcome"),
-                            lostRecords: try log.lostRecords(), gaps: try log.gaps())
+                            byChannel: try log.totals(by: "channel"), lostRecords: try log.lostRecords(), gaps: try log.gaps())
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
         }
@@ -190,7 +192,7 @@ struct Stats: AsyncParsableCommand {
         }
         if output.mode != .off { return try output.printJSON(report) }
         var tables = [("SOURCE APP", report.bySourceApp), ("DESTINATION APP", report.byDestinationApp),
-                      ("TYPE", report.byType), ("OUTCOME", report.byOutcome)].map { title, totals in
+                      ("TYPE", report.byType), ("OUTCOME", report.byOutcome), ("CHANNEL", report.byChannel)].map { title, totals in
             output.table([title, "LOADS", "BYTES"], totals.map { [$0.key, String($0.loads), bytes(UInt64(max($0.bytes, 0)))] },
                          legend: "\(totals.count) \(totals.count == 1 ? "entry" : "entries") listed.")
         }

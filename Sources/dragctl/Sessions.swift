@@ -5,7 +5,7 @@ import BrokerProtocol
 import Foundation
 
 struct ListSessions: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "list-sessions", abstract: "List live drag sessions.")
+    static let configuration = CommandConfiguration(commandName: "list-sessions", abstract: "List live sessions: drags, pasteboard entries and pastes.")
 
     @OptionGroup var bus: BusOptions
     @OptionGroup var output: OutputOptions
@@ -20,9 +20,9 @@ struct ListSessions: AsyncParsableCommand {
         }
         if output.mode != .off { return try output.printJSON(sessions) }
         output.printTable(
-            ["SESSION", "STATE", "ITEMS", "SOURCE", "SINCE"],
+            ["SESSION", "KIND", "STATE", "ITEMS", "SOURCE", "SINCE"],
             sessions.map {
-                [$0.id, $0.state, String($0.itemCount), $0.sourceApp,
+                [$0.id, $0.kind, $0.state, String($0.itemCount), $0.sourceApp,
                  timestamp(Date(timeIntervalSince1970: Double($0.createdAt) / 1_000_000))]
             },
             legend: "\(plural(sessions.count, "session")) listed.")

@@ -137,6 +137,21 @@ final class BrokerPolicyTests: XCTestCase {
         XCTAssertNil(unmanagedToManaged.rule)
     }
 
+    /// A rule scoped to one channel decides nothing on the other, and a later rule does.
+    func testChannelsScopeARuleToDragOrPaste() throws {
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 1)
+        let pasteOnly = FlowRule(from: .managed, to: .unmanaged, channels: [.paste], action: .deny, origin: origin)
+        let bigDrags = FlowRule(from: .any, to: .any, largerThan: 10, channels: [.drag], action: .deny, origin: origin)
+        let policy = Policy(flows: [pasteOnly, bigDrags])
+        let managed = Policy.FlowParty(appID: "com.corp.Mail", team: nil, managed: true)
+        let other = Policy.FlowParty(appID: "org.example.Notes", team: nil, managed: false)
+        XCTAssertEqual(policy.decide(from: managed, to: other, type: "text/plain", size: nil, channel: .paste, conforms: conforms).rule, pasteOnly)
+        XCTAssertNil(policy.decide(from: managed, to: other, type: "text/plain", size: nil, channel: .drag, conforms: conforms).rule)
+        XCTAssertEqual(policy.decide(from: other, to: managed, type: "text/plain", size: 11, channel: .drag, conforms: conforms).rule, bigDrags)
+        XCTAssertEqual(policy.byteLimit(from: other, to: managed, type: "text/plain", channel: .drag, conforms: conforms)?.limit, 10)
+        XCTAssertNil(policy.byteLimit(from: other, to: managed, type: "text/plain", channel: .paste, conforms: conforms))
+    }
+
     // MARK: - Files and drop-ins
 
     func testDropInsApplyInByteOrderAndOverrideLimitsKeyByKey() throws {
@@ -393,8 +408,15 @@ final class BrokerPolicyTests: XCTestCase {
     // MARK: - Errors
 
     func testStructuralErrors() throws {
-        try assertError("[Foo]\n", 1, "unknown section [Foo], expected [App], [Team], [Flow], [Limits] or [Audit]")
-        try assertError("[Limits]\n[app]\n", 2, "unknown section [app], expected [App], [Team], [Flow], [Limits] or [Audit]")
+        try assertError("[Foo]\n", 1, "unknown section [Foo], expected [App], [Team], [Flow], [Limits], [Pasteboard] or [Audit]")
+        try assertError("[Limits]\n[app]\n", 2, "unknown section [app], expected [App], [Team], [Flow], [Limits], [Pasteboard] or [Audit]")
+        try assertError("[Flow]\nFrom=any\nChannels=drag clipboard\n", 3, "invalid value \"clipboard\" in Channels=, expected drag or paste")
+        try assertError("[Pasteboard]\nExpirationSec=0\n", 2,
+                        "invalid value \"0\" for ExpirationSec=, expected a number of seconds from 1 to 1000000")
+        try assertError("[Pasteboard]\nClearOffers=maybe\n", 2,
+                        "invalid value \"maybe\" for ClearOffers=, expected a boolean (yes, no, true, false, on, off, 1 or 0)")
+        try assertError("[Pasteboard]\nExpiration=3\n", 2,
+                        "unknown key \"Expiration\" in [Pasteboard], expected ExpirationSec=, MaxExpirationSec= or ClearOffers=")
         try assertError("[App]\nExecutable=/usr/bin/x\nColor=red\n", 3,
                         "unknown key \"Color\" in [App], expected Executable=, AppID=, Team=, Managed= or Sources=")
         try assertError("[Audit]\nRetention=3\n", 2,
@@ -553,10 +575,14 @@ final class BrokerPolicyTests: XCTestCase {
             To=unmanaged
             Types=text/* image/png
             LargerThan=2048
+            Channels=paste drag
             Action=deny
 
             [Limits]
             SessionsTotal=64
+
+            [Pasteboard]
+            MaxExpirationSec=600
 
             [Audit]
             RetentionDays=30
@@ -591,19 +617,28 @@ final class BrokerPolicyTests: XCTestCase {
             To=unmanaged
             Types=text/* image/png
             LargerThan=2K
+            Channels=drag paste
             Action=deny
 
             [Limits]
             # default
             SessionsPerConnection=16
-            # from \(path):22
+            # from \(path):23
             SessionsTotal=64
             \(Self.renderedDefaultLimitsAfterSessionsTotal)
+
+            [Pasteboard]
+            # default
+            ExpirationSec=86400
+            # from \(path):26
+            MaxExpirationSec=600
+            # default
+            ClearOffers=yes
 
             [Audit]
             # default
             FailClosed=no
-            # from \(path):25
+            # from \(path):29
             RetentionDays=30
 
             """)
@@ -618,6 +653,8 @@ final class BrokerPolicyTests: XCTestCase {
         XCTAssertEqual(withoutOrigin(reread.apps), withoutOrigin(policy.apps))
         XCTAssertEqual(reread.flows.map(\.typePatterns), policy.flows.map(\.typePatterns))
         XCTAssertEqual(reread.flows.map(\.largerThan), policy.flows.map(\.largerThan))
+        XCTAssertEqual(reread.flows.map(\.channels), [[.drag, .paste]])
+        XCTAssertEqual(reread.pasteboard, policy.pasteboard)
         XCTAssertEqual(reread.teams.map(\.managed), [true])
         XCTAssertEqual(reread.limits, policy.limits)
         XCTAssertEqual(reread.audit, policy.audit)
@@ -634,6 +671,14 @@ final class BrokerPolicyTests: XCTestCase {
             # default
             SessionsTotal=1024
             \(Self.renderedDefaultLimitsAfterSessionsTotal)
+
+            [Pasteboard]
+            # default
+            ExpirationSec=86400
+            # default
+            MaxExpirationSec=604800
+            # default
+            ClearOffers=yes
 
             [Audit]
             # default

@@ -321,6 +321,8 @@ final class BindingTests: XCTestCase {
             "org.dragbroker.Broker1.Manager.WhoAmI Out0 QVariantMap",
             "org.dragbroker.Broker1.Manager.GetUsage Out0 UsageTotals",
             "org.dragbroker.Broker1.Manager.GetUsage Out1 UsageBucketList",
+            "org.dragbroker.Broker1.Manager.Copy In0 DragItemList",
+            "org.dragbroker.Broker1.Manager.Copy In1 QVariantMap",
             "org.dragbroker.Broker1.Session.GetItems Out0 VisibleItemList",
             "org.dragbroker.Broker1.Session.ConformingItems Out0 QList<uint>",
             "org.dragbroker.Broker1.Session.AddItems In0 DragItemList",

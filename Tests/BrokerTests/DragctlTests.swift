@@ -40,6 +40,47 @@ final class DragctlTests: XCTestCase {
         monitor.terminate()
     }
 
+    /// Pastes and live pasteboard entries, told apart from drags wherever dragctl shows
+    /// sessions: list-sessions, monitor, log and stats.
+    func testPastesAndPasteboardEntriesAreToldApartFromDrags() throws {
+        let world = try World()
+        let monitor = try Child(executable: productsDirectory.appendingPathComponent("dragctl"),
+                                arguments: ["monitor", "--json=short", "--address", world.bus.address], environment: ["TZ": "UTC"])
+        XCTAssertNotNil(monitor.stderr.take { $0.hasPrefix("Monitoring") })
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let copied = source.run("copy " + EndToEndTests.helloDrag).split(separator: " ").map(String.init)
+        XCTAssertEqual(copied.first, "OK")
+        XCTAssertEqual(destination.run("present \(copied[1])"), "OK \(copied[2])")
+        XCTAssertEqual(destination.run("paste"), "OK \(copied[2])_1")
+        _ = try source.begin(EndToEndTests.helloDrag)
+
+        let list = try dragctl(world, ["list-sessions", "--no-legend"])
+        XCTAssertEqual(list.out.map { $0.split(separator: " ").prefix(4).joined(separator: " ") },
+                       ["s1 copy copied 1", "s1_1 paste pasted 1", "s2 drag active 1"])
+        let path = source.executable.path.replacingOccurrences(of: "/", with: "\\/")
+        let destinationPath = destination.executable.path.replacingOccurrences(of: "/", with: "\\/")
+        XCTAssertEqual(monitor.stdout.take { _ in true },
+                       #"{"bytes":0,"detail":"\#(path), 1 item","event":"copy","expected":0,"session":"s1"}"#)
+        XCTAssertEqual(monitor.stdout.take { _ in true },
+                       #"{"bytes":0,"detail":"s1 of \#(path) into \#(destinationPath), 1 item","event":"paste","expected":0,"session":"s1_1"}"#)
+        XCTAssertEqual(monitor.stdout.take { _ in true },
+                       #"{"bytes":0,"detail":"\#(path), 1 item","event":"begin","expected":0,"session":"s2"}"#)
+        monitor.terminate()
+
+        XCTAssertTrue(destination.run("load 0 text/plain").hasPrefix("OK 11 "))
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        XCTAssertEqual(source.run("withdraw"), "OK")
+        _ = try world.daemon.waitForLog { log -> Bool? in try log.sessions().count == 2 && log.loads().count == 1 ? true : nil }
+        let state = ["--state-directory", world.daemon.stateDirectory.path]
+        let log = try dragctl(world, ["log", "--no-pager"] + state)
+        XCTAssertEqual(log.out.dropFirst().prefix(3).map { $0.split(separator: " ").prefix(2).joined(separator: " ") },
+                       ["s2 drag", "s1_1 paste", "s1 copy"])
+        let stats = try dragctl(world, ["stats", "--no-live"] + state)
+        let channel = try XCTUnwrap(stats.out.firstIndex(of: "CHANNEL LOADS BYTES"))
+        XCTAssertEqual(stats.out[channel + 1], "paste   1     11B")
+    }
+
     func testSessionsShowAndCancel() throws {
         let world = try World()
         let source = try world.peer("source-app")
@@ -51,8 +92,8 @@ final class DragctlTests: XCTestCase {
         let list = try dragctl(world, ["list-sessions"])
         XCTAssertEqual(list.status, 0)
         XCTAssertEqual(list.out.count, 4)
-        XCTAssertTrue(list.out[0].hasPrefix("SESSION STATE  ITEMS SOURCE"), list.out[0])
-        XCTAssertTrue(list.out[1].hasPrefix("s1      active 1     \(source.executable.path) "), list.out[1])
+        XCTAssertTrue(list.out[0].hasPrefix("SESSION KIND STATE  ITEMS SOURCE"), list.out[0])
+        XCTAssertTrue(list.out[1].hasPrefix("s1      drag active 1     \(source.executable.path) "), list.out[1])
         XCTAssertTrue(list.out[1].hasSuffix("ago)") || list.out[1].hasSuffix("(just now)"), list.out[1])
         XCTAssertEqual(list.out[2...], ["", "1 session listed."])
         XCTAssertEqual(try dragctl(world, ["list-sessions", "--no-legend"]).out.count, 1)
@@ -278,9 +319,9 @@ final class DragctlTests: XCTestCase {
         let list = try dragctl(world, ["list-sessions"])
         XCTAssertEqual(list.status, 0)
         assertNoControlCharacters(list.out)
-        let rowStart = "s1      active 1     " + shown + " "
+        let rowStart = "s1      drag active 1     " + shown + " "
         let since = try timeCell(try XCTUnwrap(list.out.dropFirst().first), at: rowStart.count)
-        XCTAssertEqual(list.out, ["SESSION STATE  ITEMS " + pad("SOURCE", shown.count + 1) + "SINCE", rowStart + since, "", "1 session listed."])
+        XCTAssertEqual(list.out, ["SESSION KIND STATE  ITEMS " + pad("SOURCE", shown.count + 1) + "SINCE", rowStart + since, "", "1 session listed."])
         let listed = try JSONDecoder().decode([SessionSummary].self, from: Data(try dragctl(world, ["list-sessions", "--json=short"]).out.joined().utf8))
         XCTAssertEqual(listed.map(\.sourceApp), [path])
 
@@ -365,11 +406,11 @@ final class DragctlTests: XCTestCase {
         let log = try dragctl(world, ["log"] + state)
         XCTAssertEqual(log.status, 0)
         assertNoControlCharacters(log.out)
-        let sessionStarted = try timeCell(try XCTUnwrap(log.out.dropFirst().first), at: 8)
+        let sessionStarted = try timeCell(try XCTUnwrap(log.out.dropFirst().first), at: 13)
         let loadStarted = try timeCell(try XCTUnwrap(log.out.dropFirst(6).first), at: 8)
         XCTAssertEqual(log.out, [
-            "SESSION " + pad("STARTED", sessionStarted.count + 1) + pad("SOURCE", shown.count + 1) + pad("DESTINATION", shown.count + 1) + "OPERATION OUTCOME",
-            "s1      " + pad(sessionStarted, sessionStarted.count + 1) + pad(shown, shown.count + 1) + pad(shown, shown.count + 1) + "copy      completed",
+            "SESSION KIND " + pad("STARTED", sessionStarted.count + 1) + pad("SOURCE", shown.count + 1) + pad("DESTINATION", shown.count + 1) + "OPERATION OUTCOME",
+            "s1      drag " + pad(sessionStarted, sessionStarted.count + 1) + pad(shown, shown.count + 1) + pad(shown, shown.count + 1) + "copy      completed",
             "",
             "1 session listed.",
             "",
@@ -392,6 +433,7 @@ final class DragctlTests: XCTestCase {
             pad("DESTINATION APP", shown.count + 1) + "LOADS BYTES", pad(shown, shown.count + 1) + "1     2B", "", "1 entry listed.", "",
             "TYPE       LOADS BYTES", "text/plain 1     2B", "", "1 entry listed.", "",
             "OUTCOME   LOADS BYTES", "completed 1     2B", "", "1 entry listed.", "",
+            "CHANNEL LOADS BYTES", "drag    1     2B", "", "1 entry listed.", "",
             "0 live sessions, 0 loads in flight, 0 of 0 descriptor threads busy.", "",
         ])
 

@@ -10,9 +10,10 @@ final class ErrorPathTests: XCTestCase {
         return nil
     }
 
-    func begin(_ probe: BusProbe, items: Int = 1, kind: String = "data",
+    /// `BeginSession`, or with `member` `Copy`, which takes the same arguments.
+    func begin(_ probe: BusProbe, items: Int = 1, kind: String = "data", member: ManagerMember = .beginSession,
                options: [(String, String, @Sendable (Message) throws(BusError) -> Void)] = []) -> Result<Message, BusError> {
-        probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "BeginSession") { m throws(BusError) in
+        probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, member.name) { m throws(BusError) in
             try m.openContainer("a", ItemDescriptor.signature)
             for _ in 0..<items {
                 try m.openContainer("r", "sdda(sss)")
@@ -51,6 +52,14 @@ final class ErrorPathTests: XCTestCase {
         XCTAssertEqual(failure(begin(probe, options: [("AllowsMove", "s", { m throws(BusError) in try m.append("yes") })])),
                        BrokerError(.invalidArgument, "Option 'AllowsMove' must be a boolean (variant of type 'b')").busError)
         XCTAssertEqual(failure(begin(probe, items: 3)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
+        XCTAssertEqual(failure(begin(probe, member: .copy, options: [("AllowsMove", "b", { m throws(BusError) in try m.append(true) })])),
+                       BrokerError(.invalidArgument, "Unknown pasteboard option 'AllowsMove': expected RestrictedToApp or ExpirationSec").busError)
+        for (type, value) in [("u", UInt32(0)), ("t", UInt32(60))] {
+            XCTAssertEqual(failure(begin(probe, member: .copy, options: [("ExpirationSec", type, { m throws(BusError) in
+                if type == "u" { try m.append(value) } else { try m.append(UInt64(value)) }
+            })])), BrokerError(.invalidArgument, "Option 'ExpirationSec' must be a positive number of seconds (variant of type 'u')").busError)
+        }
+        XCTAssertEqual(failure(begin(probe, items: 3, member: .copy)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
 
         let first = try begin(probe, items: 2).get()
         let path = try first.readObjectPath()

@@ -81,6 +81,7 @@ final class JournalTests: XCTestCase {
 
         let transfer = waitFor { $0["MESSAGE_ID"] == "9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c" }
         XCTAssertEqual(transfer?["DRAGBROKER_SESSION"], "s1")
+        XCTAssertEqual(transfer?["DRAGBROKER_CHANNEL"], "drag")
         XCTAssertEqual(transfer?["DRAGBROKER_SOURCE_APP"], source.executable.path)
         XCTAssertEqual(transfer?["DRAGBROKER_DESTINATION_APP"], destination.executable.path)
         XCTAssertEqual(transfer?["DRAGBROKER_TYPE"], "text/plain")
@@ -91,6 +92,7 @@ final class JournalTests: XCTestCase {
         XCTAssertEqual(refusal?["DRAGBROKER_TYPE"], "text/plain")
         XCTAssertEqual(refusal?["DRAGBROKER_ERROR"], BrokerErrorCode.wrongState.busName)
         XCTAssertEqual(refusal?["DRAGBROKER_APP"], destination.executable.path)
+        XCTAssertEqual(refusal?["DRAGBROKER_CHANNEL"], "drag")
 
         XCTAssertEqual(destination.run("conclude"), "OK")
         let ended = waitFor { $0["MESSAGE_ID"] == "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60" }
@@ -103,5 +105,31 @@ final class JournalTests: XCTestCase {
         XCTAssertEqual(ended?["DRAGBROKER_OPERATION"], "copy")
         XCTAssertEqual(ended?["DRAGBROKER_OUTCOME"], "completed")
         XCTAssertEqual(ended?["DRAGBROKER_ERROR"], "")
+        XCTAssertEqual(ended?["DRAGBROKER_KIND"], "drag")
+        XCTAssertEqual(ended?["DRAGBROKER_CHANNEL"], "drag")
+
+        // A paste's entries carry the paste channel; the entry's own end says what it was.
+        let copied = source.run("copy " + EndToEndTests.helloDrag).split(separator: " ")
+        XCTAssertEqual(copied.first, "OK")
+        XCTAssertEqual(destination.run("present \(copied[1])"), "OK \(copied[2])")
+        XCTAssertEqual(destination.run("load 0 text/plain"),
+                       err(.wrongState, "Session s2 is a pasteboard entry: call Paste, then Load from the session it returns"))
+        XCTAssertEqual(destination.run("paste"), "OK \(copied[2])_1")
+        XCTAssertTrue(destination.run("load 0 text/plain").hasPrefix("OK 11 "))
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        XCTAssertEqual(source.run("withdraw"), "OK")
+        let pasted = waitFor { $0["MESSAGE_ID"] == "9c1a7e3b5f2d4e8a8b6c0d1e2f3a4b5c" && $0["DRAGBROKER_SESSION"] == "s2_1" }
+        XCTAssertEqual(pasted?["DRAGBROKER_CHANNEL"], "paste")
+        XCTAssertEqual(pasted?["DRAGBROKER_DESTINATION_APP"], destination.executable.path)
+        let refusedOnEntry = waitFor { $0["MESSAGE_ID"] == "4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c" && $0["DRAGBROKER_SESSION"] == "s2" }
+        XCTAssertEqual(refusedOnEntry?["DRAGBROKER_CHANNEL"], "paste")
+        let pasteEnded = waitFor { $0["MESSAGE_ID"] == "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60" && $0["DRAGBROKER_SESSION"] == "s2_1" }
+        XCTAssertEqual(pasteEnded?["DRAGBROKER_KIND"], "paste")
+        XCTAssertEqual(pasteEnded?["DRAGBROKER_CHANNEL"], "paste")
+        XCTAssertEqual(pasteEnded?["DRAGBROKER_OUTCOME"], "completed")
+        let entryEnded = waitFor { $0["MESSAGE_ID"] == "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60" && $0["DRAGBROKER_SESSION"] == "s2" }
+        XCTAssertEqual(entryEnded?["MESSAGE"], "Pasteboard entry s2 from \(source.executable.path) ended: cancelled, operation cancel")
+        XCTAssertEqual(entryEnded?["DRAGBROKER_KIND"], "copy")
+        XCTAssertEqual(entryEnded?["DRAGBROKER_CHANNEL"], "paste")
     }
 }

@@ -61,6 +61,7 @@ final class SessionRulesTests: XCTestCase {
         case .flowDenied(let who, let types, let rule): "flowDenied \(who.uniqueName) \(types) \(rule.origin)"
         case .dropped(let who, let operation): "dropped \(who.uniqueName) \(operation.rawValue)"
         case .concluded: "concluded"
+        case .pastedFrom(let paste): "pasted \(paste.id)"
         case .loadStarted(let load): "loadStarted \(load.id)"
         case .loadProgressed(let load): "loadProgressed \(load.id)"
         case .loadSizeAnnounced(let load): "loadSizeAnnounced \(load.id) \(load.expected ?? 0)"

@@ -52,6 +52,8 @@ struct BeginSpec: Decodable {
     var items: [ItemSpec]
     var restricted: Bool?
     var allowsMove: Bool?
+    /// For `copy`: the entry's ExpirationSec.
+    var expiration: UInt32?
 }
 
 /// Byte i is (i * 31 + 7) mod 256: a 256-byte cycle, repeated.
@@ -72,6 +74,7 @@ final class Peer: Sendable {
     let connection: BrokerConnection
     let drags = Mutex<[DragSession]>([])
     let drops = Mutex<[DropSession]>([])
+    let entries = Mutex<[PasteboardEntry]>([])
 
     init(connection: BrokerConnection) { self.connection = connection }
 
@@ -83,6 +86,33 @@ final class Peer: Sendable {
         do {
             switch command {
             case "begin": return try await begin(rest)
+            case "copy": return try await copy(rest)
+            case "withdraw":
+                guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
+                try await entry.withdraw()
+                return "OK"
+            case "clearoffers":
+                guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
+                return "OK " + (try await entry.clearOffers()).joined(separator: " ")
+            case "ownershiplost":
+                guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
+                entry.ownershipLost()
+                return "OK"
+            case "paste":
+                // The entry presented last stays where `paste` finds it: pasting again makes another paste.
+                let entry = try lastDrop()
+                let paste = try await entry.paste()
+                drops.withLock { $0.append(paste) }
+                Task {
+                    for await event in paste.events {
+                        if case .loadProgress = event { continue }
+                        emit("EVENT paste \(describe(event))")
+                    }
+                }
+                return "OK \(paste.path)"
+            case "unpaste":
+                drops.withLock { _ = $0.popLast() }
+                return "OK"
             case "cancel":
                 guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no presented drag") }
                 try await drag.cancel()
@@ -365,6 +395,27 @@ final class Peer: Sendable {
         return "OK \(session.token) \(session.path)"
     }
 
+    func copy(_ json: String) async throws -> String {
+        let spec = try JSONDecoder().decode(BeginSpec.self, from: Data(json.utf8))
+        let items = try dragItems(spec.items, startingAt: 0)
+        let entry = try await connection.copy(
+            items: items, options: PasteOptions(restrictedToApp: spec.restricted ?? false, expirationSec: spec.expiration))
+        entries.withLock { $0.append(entry) }
+        Task {
+            for await event in entry.events {
+                switch event {
+                case .loadRequested: break  // HANDLER lines say when handlers run
+                case .ended(let error?):
+                    emit("EVENT \(describe(event))")
+                    emit("WHY \(error.message)")
+                default: emit("EVENT \(describe(event))")
+                }
+            }
+            emit("EVENT entryDone")
+        }
+        return "OK \(entry.token) \(entry.path)"
+    }
+
     /// Items whose load handlers print `HANDLER <item> <type>` when they run. Item numbers
     /// continue across `additems`, as the broker numbers them.
     func dragItems(_ specs: [ItemSpec], startingAt first: Int) throws -> [DragItem] {
@@ -435,6 +486,16 @@ func describe(_ event: DragSessionEvent) -> String {
     case .willEnd(let op): "willEnd \(op.rawValue)"
     case .ended(let op, let error): "ended \(op.rawValue) \(error?.code.busName ?? "-")"
     case .transferFinished: "transferFinished"
+    }
+}
+
+func describe(_ event: PasteboardEntryEvent) -> String {
+    func id(_ path: String) -> String { String(path.split(separator: "/").last ?? "") }
+    return switch event {
+    case .pasted(let paste, let app): "pasted \(id(paste)) \(app)"
+    case .loadRequested(let paste, let load, let item, let type): "loadRequested \(id(paste)) \(load) \(item) \(type)"
+    case .loadFinished(let paste, let load, let bytes, let error): "loadFinished \(id(paste)) \(load) \(bytes) \(error?.code.busName ?? "-")"
+    case .ended(let error): "entryEnded \(error?.code.busName ?? "-")"
     }
 }
 

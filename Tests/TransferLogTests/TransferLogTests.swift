@@ -153,7 +153,32 @@ final class TransferLogTests: XCTestCase {
         _ = try TransferLog(path: logPath)
         XCTAssertEqual(
             try strings(sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid"),
-            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams", "v4-write-ahead", "v5-log-state"])
+            ["v1-sessions-and-loads", "v2-refusals", "v3-load-teams", "v4-write-ahead", "v5-log-state", "v6-session-kinds"])
+    }
+
+    /// Rows from before pastes existed are drags; a record rebuilt from a load after a crash
+    /// knows a paste by its ID.
+    func testSessionKindsOfOldRowsAndOfRecordsRebuiltFromTheirID() throws {
+        let pool = try DatabasePool(path: logPath)
+        try Schema.migrator.migrate(pool, upTo: "v5-log-state")
+        try pool.write { db in
+            try db.execute(sql: """
+                INSERT INTO session (sessionID, sourceApp, destinationApp, itemCount, operation, outcome, startedAt, endedAt)
+                VALUES ('s9', 'org.example.Old', NULL, 1, 'copy', 'completed', 1, 2)
+                """)
+        }
+        try pool.close()
+        let log = try TransferLog(path: logPath)
+        XCTAssertEqual(try log.sessions().map(\.kind), ["drag"])
+        var paste = session("s9_2")
+        paste.kind = "paste"
+        log.submit(.session(paste))
+        log.flush()
+        XCTAssertEqual(try strings(sql: "SELECT sessionID || ' ' || kind FROM session ORDER BY sessionID"), ["s9 drag", "s9_2 paste"])
+        XCTAssertEqual(SessionRecord(sessionID: "s9_2", sourceApp: "a", destinationApp: nil, itemCount: 1, operation: "copy",
+                                     outcome: "open", startedAt: t0, endedAt: t0).kind, "paste")
+        XCTAssertEqual(SessionRecord(sessionID: "s9", sourceApp: "a", destinationApp: nil, itemCount: 1, operation: "copy",
+                                     outcome: "open", startedAt: t0, endedAt: t0).channel, "drag")
     }
 
     func testPruneRemovesOnlyOldRecords() throws {

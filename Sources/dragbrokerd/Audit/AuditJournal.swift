@@ -22,6 +22,7 @@ enum AuditJournal {
             ("PRIORITY", load.outcome == "completed" ? "6" : "5"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", load.sessionID),
+            ("DRAGBROKER_CHANNEL", SessionRecord.kind(ofSessionWithLoads: load.sessionID) == "drag" ? "drag" : "paste"),
             ("DRAGBROKER_SOURCE_APP", load.sourceApp),
             ("DRAGBROKER_SOURCE_TEAM", load.sourceTeam ?? ""),
             ("DRAGBROKER_DESTINATION_APP", load.destinationApp),
@@ -33,7 +34,8 @@ enum AuditJournal {
         ])
     }
 
-    static func record(_ refusal: RefusalRecord) {
+    /// `channel` is that of the session refused, if any.
+    static func record(_ refusal: RefusalRecord, channel: String?) {
         guard enabled else { return }
         Journal.send([
             ("MESSAGE", "Refused \(refusal.action) for \(refusal.app): \(refusal.message)"),
@@ -41,6 +43,7 @@ enum AuditJournal {
             ("PRIORITY", "5"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", refusal.sessionID ?? ""),
+            ("DRAGBROKER_CHANNEL", channel ?? ""),
             ("DRAGBROKER_APP", refusal.app),
             ("DRAGBROKER_ACTION", refusal.action),
             ("DRAGBROKER_TYPE", refusal.subject ?? ""),
@@ -52,11 +55,13 @@ enum AuditJournal {
     static func record(_ session: SessionRecord) {
         guard enabled else { return }
         Journal.send([
-            ("MESSAGE", "Session \(session.sessionID) from \(session.sourceApp) ended: \(session.outcome), operation \(session.operation)"),
+            ("MESSAGE", "\(session.kind == "copy" ? "Pasteboard entry" : "Session") \(session.sessionID) from \(session.sourceApp) ended: \(session.outcome), operation \(session.operation)"),
             ("MESSAGE_ID", sessionMessageID),
             ("PRIORITY", session.outcome == "completed" ? "6" : "5"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", session.sessionID),
+            ("DRAGBROKER_KIND", session.kind),
+            ("DRAGBROKER_CHANNEL", session.channel),
             ("DRAGBROKER_SOURCE_APP", session.sourceApp),
             ("DRAGBROKER_DESTINATION_APP", session.destinationApp ?? ""),
             ("DRAGBROKER_ITEMS", "\(session.itemCount)"),

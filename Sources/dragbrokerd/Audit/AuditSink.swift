@@ -48,8 +48,19 @@ final class AuditSink {
         case .began:
             transferLog.submit(.session(openRecord(of: session)))
             let count = session.items.count
-            logger.info("Session \(session.id) begun by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
-            monitors.emit(session, .begin, "\(session.source.appID), \(count) item\(count == 1 ? "" : "s")")
+            let items = "\(count) item\(count == 1 ? "" : "s")"
+            switch session.kind {
+            case .drag:
+                logger.info("Session \(session.id) begun by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
+                monitors.emit(session, .begin, "\(session.source.appID), \(items)")
+            case .copy:
+                logger.info("Pasteboard entry \(session.id) copied by \(session.source.appID) (pid \(session.source.pid)) with \(count) item(s)")
+                monitors.emit(session, .copy, "\(session.source.appID), \(items)")
+            case .paste(let entry):
+                let paster = session.owner
+                logger.info("Session \(session.id) pastes \(entry) of \(session.source.appID) into \(paster.appID) (pid \(paster.pid))")
+                monitors.emit(session, .paste, "\(entry) of \(session.source.appID) into \(paster.appID), \(items)")
+            }
         case .proposed(let caller, let proposal, let allowed, let entering):
             monitors.emit(session, entering ? .enter : .update, "\(caller.appID) proposes \(proposal.rawValue), allowed \(allowed.rawValue)")
         case .exited(let caller):
@@ -76,13 +87,14 @@ final class AuditSink {
             loadEnded(load, in: session, error: error)
         case .ended(let outcome, let error):
             sessionEnded(session, outcome: outcome, error: error)
-        case .itemsAdded, .concluded, .loadSizeAnnounced, .transferFinished:
+        case .itemsAdded, .concluded, .loadSizeAnnounced, .transferFinished, .pastedFrom:
             break
         }
     }
 
     private func openRecord(of session: Session) -> SessionRecord {
-        SessionRecord(sessionID: session.id, sourceApp: session.source.appID, destinationApp: nil,
+        SessionRecord(sessionID: session.id, kind: session.kindName, sourceApp: session.source.appID,
+                      destinationApp: session.dropDestinationApp,
                       itemCount: session.items.count, operation: session.operation.rawValue, outcome: SessionRecord.open,
                       startedAt: session.createdAt, endedAt: session.createdAt)
     }
@@ -153,9 +165,8 @@ final class AuditSink {
     }
 
     private func sessionEnded(_ session: Session, outcome: SessionOutcome, error: BrokerError?) {
-        let destination = session.dropDestination.flatMap { session.destinations[$0]?.identity.appID }
         let record = SessionRecord(
-            sessionID: session.id, sourceApp: session.source.appID, destinationApp: destination,
+            sessionID: session.id, kind: session.kindName, sourceApp: session.source.appID, destinationApp: session.dropDestinationApp,
             itemCount: session.items.count, operation: session.operation.rawValue, outcome: outcome.rawValue,
             errorName: error?.code.busName, startedAt: session.createdAt, endedAt: Date())
         transferLog.submit(.session(record))
@@ -203,7 +214,7 @@ final class AuditSink {
             action: action, sessionID: session?.id, subject: subject, errorName: error.code.busName,
             message: error.message, rule: error.rule)
         transferLog.submit(.refusal(record))
-        AuditJournal.record(record)
+        AuditJournal.record(record, channel: session?.channel.rawValue)
         logger.debug("Refused \(action) for \(identity?.appID ?? sender): \(error)")
         return true
     }
@@ -221,7 +232,7 @@ final class AuditSink {
                 action: Self.suppressedAction, sessionID: nil, subject: nil, errorName: BrokerErrorCode.limitExceeded.busName,
                 message: message, rule: nil)
             transferLog.submit(.refusal(record))
-            AuditJournal.record(record)
+            AuditJournal.record(record, channel: nil)
             logger.notice("\(message)")
         }
     }

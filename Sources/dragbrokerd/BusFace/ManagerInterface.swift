@@ -35,6 +35,7 @@ final class ManagerInterface {
                 case .sessionCount:
                     .property { [unowned self] m, _ throws(BusError) in try m.append(UInt32(try sessionCount(for: m.destination))) }
                 case .monitorEvent: .signal
+                case .copy: method(member) { try $0.copy($1) }
                 }
             })
     }
@@ -60,13 +61,27 @@ final class ManagerInterface {
     }
 
     private func beginSession(_ call: MethodCall) throws {
+        try offer(call, options: SessionOptions.decode) { source, items, options, provider in
+            try registry.begin(source: source, items: items, options: options, providerPath: provider)
+        }
+    }
+
+    /// As `beginSession`, onto the pasteboard.
+    private func copy(_ call: MethodCall) throws {
+        try offer(call, options: PasteOptions.decode) { source, items, options, provider in
+            try registry.copy(source: source, items: items, options: options, providerPath: provider)
+        }
+    }
+
+    /// `BeginSession` and `Copy`: the same arguments and answer, for a drag or an entry.
+    private func offer<Options>(_ call: MethodCall, options decode: (Message) throws(BrokerError) -> Options,
+                                _ begin: (AppIdentity, [ItemDescriptor], Options, String) throws -> Session) throws {
         let m = call.message
         let limits = registry.limits
         let items = try Items.normalize(try readItems(m, limit: limits.itemsPerSession), limits: limits)
-        let options = try SessionOptions.decode(from: m)
+        let options = try decode(m)
         let provider = try argument("provider") { () throws(BusError) in try m.readObjectPath() }
-        let source = try daemon.identity(of: call)
-        let session = try registry.begin(source: source, items: items, options: options, providerPath: provider)
+        let session = try begin(try daemon.identity(of: call), items, options, provider)
         try reply(call) { r throws(BusError) in
             try r.append(objectPath: session.path)
             try r.append(session.token.hex)

@@ -157,6 +157,8 @@ final class SessionInterface {
             case .setExpectedSize: method(member) { try $0.setExpectedSize($1, $2, $3) }
             case .conclude: method(member) { try $0.conclude($1, $2, $3) }
             case .cancel: method(member) { try $0.cancel($1, $2, $3) }
+            case .paste: method(member) { try $0.paste($1, $2, $3) }
+            case .clearOffers: method(member) { try $0.clearOffers($1, $2, $3) }
             case .id: property(member) { $1.append($0.id) }
             case .sourceApp: property(member) { $1.append($0.source.appID) }
             case .state: property(member) { $1.append($0.state.rawValue) }
@@ -170,7 +172,7 @@ final class SessionInterface {
                     w.append(expected)
                     w.close()
                 }
-            case .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished: .signal
+            case .willEnd, .ended, .transferFinished, .loadProgress, .loadFinished, .pasted: .signal
             }
         }
     }
@@ -330,6 +332,20 @@ final class SessionInterface {
         try reply(call) { r throws(BusError) in try r.append(operation.rawValue) }
     }
 
+    private func paste(_ call: MethodCall, _ entry: Session, _ caller: AppIdentity) throws {
+        let paste = try registry.paste(entry, by: caller)
+        try reply(call) { r throws(BusError) in try r.append(objectPath: paste.path) }
+    }
+
+    private func clearOffers(_ call: MethodCall, _ entry: Session, _ caller: AppIdentity) throws {
+        let types = try entry.clearOffers(to: caller, flow: registry.flow, allowed: registry.policy.pasteboard.clearOffers)
+        try reply(call) { r throws(BusError) in
+            try r.openContainer("a", "s")
+            for type in types { try r.append(type) }
+            try r.closeContainer()
+        }
+    }
+
     /// Answered once the load is on record and under way (`Daemon.startLoad`), which for a
     /// file load is once the source handed the file over.
     private func load(_ call: MethodCall, _ session: Session, _ caller: AppIdentity) throws {
@@ -380,6 +396,12 @@ final class SessionInterface {
         switch event {
         case .began:
             interfacesAdded(session)
+        case .pastedFrom(let paste):
+            let app = paste.owner.appID
+            emit(session, .pasted, to: session.source.uniqueName) { m throws(BusError) in
+                try m.append(objectPath: paste.path)
+                try m.append(app)
+            }
         case .itemsAdded:
             propertiesChanged(session, [.itemCount])
         case .dropped:
@@ -426,12 +448,15 @@ final class SessionInterface {
         }
     }
 
-    /// ObjectManager's InterfacesAdded, to the source (the only party yet), for the same reason.
+    /// ObjectManager's InterfacesAdded, to the parties it begins with (the source, and a
+    /// paste's destination), for the same reason.
     private func interfacesAdded(_ session: Session) {
-        emit(session, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded", to: session.source.uniqueName,
-             from: BrokerNames.managerPath) { m throws(BusError) in
-            try m.append(objectPath: session.path)
-            try m.write { w in writeInterfaces(of: session, withProperties: true, to: &w) }
+        for party in parties(session) {
+            emit(session, "org.freedesktop.DBus.ObjectManager", "InterfacesAdded", to: party,
+                 from: BrokerNames.managerPath) { m throws(BusError) in
+                try m.append(objectPath: session.path)
+                try m.write { w in writeInterfaces(of: session, withProperties: true, to: &w) }
+            }
         }
     }
 

@@ -14,15 +14,25 @@ struct FlowView {
     /// The rule that forbids `type` from `source` to `destination` whatever its size, if one
     /// does: such a representation does not exist for that destination. Rules with
     /// `LargerThan=` act only while streaming, since sizes are not known before.
-    func denial(of type: String, from source: AppIdentity, to destination: AppIdentity) -> FlowRule? {
+    func denial(of type: String, from source: AppIdentity, to destination: AppIdentity, through channel: FlowChannel) -> FlowRule? {
         let decision = policy.decide(from: Policy.FlowParty(source), to: Policy.FlowParty(destination), type: type, size: nil,
-                                     conforms: conforms)
+                                     channel: channel, conforms: conforms)
         return decision.action == .deny ? decision.rule : nil
     }
 
+    /// Whether `type` from `source` may reach an app the broker knows nothing of (unmanaged,
+    /// in no team): what may go on a clipboard in the clear, which any app can read.
+    func reachesUnknownApps(_ type: String, from source: AppIdentity, through channel: FlowChannel) -> Bool {
+        let unknown = Policy.FlowParty(appID: "", team: nil, managed: false)
+        return policy.decide(from: Policy.FlowParty(source), to: unknown, type: type, size: nil, channel: channel,
+                             conforms: conforms).action == .allow
+    }
+
     /// The size past which a stream of this flow is stopped, and the rule that says so.
-    func byteLimit(of type: String, from source: AppIdentity, to destination: AppIdentity) -> (limit: UInt64, rule: FlowRule)? {
-        policy.byteLimit(from: Policy.FlowParty(source), to: Policy.FlowParty(destination), type: type, conforms: conforms)
+    func byteLimit(of type: String, from source: AppIdentity, to destination: AppIdentity,
+                   through channel: FlowChannel) -> (limit: UInt64, rule: FlowRule)? {
+        policy.byteLimit(from: Policy.FlowParty(source), to: Policy.FlowParty(destination), type: type, channel: channel,
+                         conforms: conforms)
     }
 }
 

@@ -5,6 +5,8 @@ enum SessionOutcome: String, Sendable {
     case completed
     case cancelled
     case timedOut = "timed-out"
+    /// A pasteboard entry outlived its expiration.
+    case expired
     case sourceDisconnected = "source-disconnected"
     case destinationDisconnected = "destination-disconnected"
     /// The daemon lost the bus: nobody could be told.

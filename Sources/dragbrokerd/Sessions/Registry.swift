@@ -14,8 +14,8 @@ final class Registry {
     private var byToken: [UInt64: Session] = [:]
     /// Session IDs each connection takes part in, as source or destination.
     private var byParty: [String: Set<String>] = [:]
-    /// How many live sessions each connection began.
-    private var sourceCounts: [String: Int] = [:]
+    /// How many live sessions each connection owns (`Session.owner`).
+    private var ownerCounts: [String: Int] = [:]
     /// Each session's ID, handed out once ever.
     let sessionNumbers: SessionNumbers
     /// What each app and user holds, against the bounds that keep any one from starving the rest.
@@ -51,28 +51,62 @@ final class Registry {
     // MARK: Beginning and joining
 
     func begin(source: AppIdentity, items: [ItemDescriptor], options: SessionOptions,
-               providerPath: String) throws -> Session {
-        let limits = limits
-        guard sessions.count < limits.sessionsTotal else {
-            throw BrokerError.limitExceeded("The broker holds \(sessions.count) sessions, its limit")
-        }
-        let own = sourceCounts[source.uniqueName, default: 0]
-        guard own < limits.sessionsPerConnection else {
-            throw BrokerError.limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
-        }
-        try quota.admitSession(of: source, limits)
+               providerPath: String, kind: Session.Kind = .drag) throws -> Session {
+        try admitSession(of: source)
         var token = try SessionToken.random()
         while byToken[token.selector] != nil { token = try SessionToken.random() }
         let id = "\(Self.sessionIDPrefix)\(try sessionNumbers.next())"
         let session = Session(id: id, token: token, source: source, providerPath: providerPath, items: items,
-                              options: options) { [unowned self] session, event in deliver(session, event) }
-        sessions[id] = session
+                              options: options, kind: kind) { [unowned self] session, event in deliver(session, event) }
         byToken[token.selector] = session
-        byParty[source.uniqueName, default: []].insert(id)
-        sourceCounts[source.uniqueName, default: 0] += 1
-        quota.sessionBegan(by: source)
-        deliver(session, .began)
+        register(session)
         return session
+    }
+
+    /// A source puts items on the pasteboard: a session in state `copied`, which lives for the
+    /// expiration it asked for, within the policy's bounds.
+    func copy(source: AppIdentity, items: [ItemDescriptor], options: PasteOptions, providerPath: String) throws -> Session {
+        let bounds = policy.pasteboard
+        let seconds = min(options.expirationSec.map(Int.init) ?? bounds.expirationSec, bounds.maxExpirationSec)
+        return try begin(source: source, items: items, options: SessionOptions(restrictedToApp: options.restrictedToApp),
+                         providerPath: providerPath, kind: .copy(lifetime: UInt64(seconds) * 1_000_000))
+    }
+
+    /// `caller` pastes the entry: a session of its own, with the entry's items and provider, in
+    /// which it alone loads. It spends the caller's share of sessions, not the source's. Its
+    /// source hears of it (`Pasted`) before anything else can happen in it.
+    func paste(_ entry: Session, by caller: AppIdentity) throws -> Session {
+        let id = try entry.pasteID(for: caller, flow: flow)
+        try admitSession(of: caller)
+        let paste = Session(id: id, token: try SessionToken.random(), source: entry.source, providerPath: entry.providerPath,
+                            items: entry.items, options: entry.options,
+                            kind: .paste(entry: entry.id)) { [unowned self] session, event in deliver(session, event) }
+        paste.beginPaste(by: caller)
+        entry.announce(paste)
+        register(paste)
+        return paste
+    }
+
+    /// Whether `owner` may have one more live session: everyone's, its connection's and its
+    /// app's and user's shares.
+    private func admitSession(of owner: AppIdentity) throws {
+        let limits = limits
+        guard sessions.count < limits.sessionsTotal else {
+            throw BrokerError.limitExceeded("The broker holds \(sessions.count) sessions, its limit")
+        }
+        let own = ownerCounts[owner.uniqueName, default: 0]
+        guard own < limits.sessionsPerConnection else {
+            throw BrokerError.limitExceeded("This connection already has \(own) live sessions (limit \(limits.sessionsPerConnection))")
+        }
+        try quota.admitSession(of: owner, limits)
+    }
+
+    private func register(_ session: Session) {
+        sessions[session.id] = session
+        for party in Set([session.source.uniqueName, session.owner.uniqueName]) { byParty[party, default: []].insert(session.id) }
+        ownerCounts[session.owner.uniqueName, default: 0] += 1
+        quota.sessionBegan(by: session.owner)
+        deliver(session, .began)
     }
 
     /// A destination presents a token it was handed through the windowing system's drag.
@@ -212,9 +246,10 @@ final class Registry {
             byParty[party]?.remove(session.id)
             if byParty[party]?.isEmpty == true { byParty.removeValue(forKey: party) }
         }
-        quota.sessionEnded(by: session.source)
-        sourceCounts[session.source.uniqueName, default: 1] -= 1
-        if sourceCounts[session.source.uniqueName] == 0 { sourceCounts.removeValue(forKey: session.source.uniqueName) }
+        let owner = session.owner
+        quota.sessionEnded(by: owner)
+        ownerCounts[owner.uniqueName, default: 1] -= 1
+        if ownerCounts[owner.uniqueName] == 0 { ownerCounts.removeValue(forKey: owner.uniqueName) }
     }
 
     /// s2 before s10: the order sessions were begun in.

@@ -19,6 +19,8 @@ enum SessionEvent {
     /// The policy hides representations from a destination: told once per destination.
     case flowDenied(to: AppIdentity, types: [String], rule: FlowRule)
     case dropped(on: AppIdentity, operation: DropOperation)
+    /// An app pasted the pasteboard entry: `paste` is the new session it loads from.
+    case pastedFrom(Session)
     /// The drop destination concluded: every party hears the session ended well.
     case concluded
     case loadStarted(Load)
@@ -55,16 +57,32 @@ struct LoadRules {
     var failClosed = false
 }
 
-/// A live drag session: its state machine, its parties and loads, and the rules for each.
-/// Confined to the event loop, as the whole model is.
+/// A live session: its state machine, its parties and loads, and the rules for each. A drag is
+/// one; so is an entry on the pasteboard, and each paste of one. Confined to the event loop, as
+/// the whole model is.
 final class Session {
     enum State: String {
         /// Dragging: destinations may enter, propose and exit.
         case active
         /// A destination performed the drop; it alone may load.
         case dropped
-        /// The drop destination concluded; loads in flight finish, no new ones start.
+        /// On the pasteboard: destinations that presented the token may look and paste.
+        case copied
+        /// A paste: the app that pasted alone may load, as after a drop.
+        case pasted
+        /// The drop or paste destination concluded; loads in flight finish, no new ones start.
         case concluded
+    }
+
+    /// What the session is. Pasteboard entries and pastes are the same promises as a drag's,
+    /// through another channel: a paste is a session of its own per paste, so that each has
+    /// its destination, loads and record, as iOS tells each pasting app apart.
+    enum Kind: Equatable {
+        case drag
+        /// On the pasteboard for `lifetime` microseconds from its copy, unless withdrawn first.
+        case copy(lifetime: UInt64)
+        /// One paste of the entry with ID `entry`.
+        case paste(entry: String)
     }
 
     /// A destination that presented the token.
@@ -82,6 +100,7 @@ final class Session {
     let source: AppIdentity
     let providerPath: String
     let options: SessionOptions
+    let kind: Kind
     let createdAt: Date
     private(set) var items: [ItemDescriptor]
     private(set) var state: State = .active
@@ -91,10 +110,13 @@ final class Session {
     /// drop. It decides nothing: each destination's calls depend on its own Enter and Exit
     /// only, so a bystander that read the token cannot break another's drop.
     private(set) var current: String?
-    /// The destination that performed the drop.
+    /// The destination that performed the drop, or the paste.
     private(set) var dropDestination: String?
+    var dropDestinationApp: String? { dropDestination.flatMap { destinations[$0]?.identity.appID } }
     private(set) var loads: [UInt32: Load] = [:]
     private var nextLoadID: UInt32 = 1
+    /// An entry's pastes so far: each paste's ID is the entry's, `_`, and its number.
+    private var pasteCount = 0
     /// Bytes of loads already finished, for the session's aggregate progress.
     private(set) var finishedBytes: UInt64 = 0
     private(set) var isOver = false
@@ -106,15 +128,36 @@ final class Session {
     private let report: (Session, SessionEvent) -> Void
 
     init(id: String, token: SessionToken, source: AppIdentity, providerPath: String, items: [ItemDescriptor],
-         options: SessionOptions, report: @escaping (Session, SessionEvent) -> Void) {
+         options: SessionOptions, kind: Kind = .drag, report: @escaping (Session, SessionEvent) -> Void) {
         self.id = id
         self.token = token
         self.source = source
         self.providerPath = providerPath
         self.items = items
         self.options = options
+        self.kind = kind
         self.createdAt = Date()
         self.report = report
+        if case .copy = kind { state = .copied }
+    }
+
+    /// The channel the session's data moves through, as flow rules name it.
+    var channel: FlowChannel { kind == .drag ? .drag : .paste }
+
+    /// What the session is, as the log and `dragctl` name it.
+    var kindName: String {
+        switch kind {
+        case .drag: "drag"
+        case .copy: "copy"
+        case .paste: "paste"
+        }
+    }
+
+    /// Whose share of the daemon the session uses: the app that began it, and for a paste the
+    /// app that pasted, so that pasting one entry again and again spends the paster's share.
+    var owner: AppIdentity {
+        if case .paste = kind, let dropDestination, let destination = destinations[dropDestination] { return destination.identity }
+        return source
     }
 
     /// Computed, not stored: a path per session would be heap the registry does not need.
@@ -178,7 +221,8 @@ final class Session {
     /// A representation exists for `identity` when its visibility lets it see it and no flow
     /// rule denies it.
     private func exists(_ representation: RepresentationDescriptor, for identity: AppIdentity, flow: FlowView) -> Bool {
-        isVisible(representation, to: identity) && flow.denial(of: representation.typeIdentifier, from: source, to: identity) == nil
+        isVisible(representation, to: identity)
+            && flow.denial(of: representation.typeIdentifier, from: source, to: identity, through: channel) == nil
     }
 
     func isVisible(_ representation: RepresentationDescriptor, to identity: AppIdentity) -> Bool {
@@ -196,7 +240,8 @@ final class Session {
     /// rule, in item order; lazy, so a question of whether there is any stops at the first.
     private func flowDenials(to destination: AppIdentity, flow: FlowView) -> some Sequence<(type: String, rule: FlowRule)> {
         items.lazy.flatMap(\.representations).filter { self.isVisible($0, to: destination) }.compactMap { representation in
-            flow.denial(of: representation.typeIdentifier, from: self.source, to: destination).map { (representation.typeIdentifier, $0) }
+            flow.denial(of: representation.typeIdentifier, from: self.source, to: destination, through: self.channel)
+                .map { (representation.typeIdentifier, $0) }
         }
     }
 
@@ -266,7 +311,8 @@ final class Session {
         guard caller.uniqueName == source.uniqueName else {
             throw .accessDenied("Only the source of session \(id) may cancel it")
         }
-        end(outcome: .cancelled, error: BrokerError(.cancelled, "The source cancelled the drag"))
+        let what = kind == .drag ? "cancelled the drag" : state == .copied ? "withdrew the pasteboard entry" : "cancelled the paste"
+        end(outcome: .cancelled, error: BrokerError(.cancelled, "The source \(what)"))
     }
 
     // MARK: Destination
@@ -289,6 +335,7 @@ final class Session {
         guard var destination = destinations[caller.uniqueName] else {
             throw .accessDenied("Present the session token with PresentToken before proposing a drop")
         }
+        try requireDrag(toCall: entering ? "Enter" : "Update")
         guard state == .active else {
             throw .wrongState("Session \(id) is \(state.rawValue): proposals are over")
         }
@@ -308,6 +355,7 @@ final class Session {
         guard destinations[caller.uniqueName] != nil else {
             throw .accessDenied("Present the session token with PresentToken before using session \(id)")
         }
+        try requireDrag(toCall: "Exit")
         destinations[caller.uniqueName]?.entered = false
         if current == caller.uniqueName { current = nil }
         report(self, .exited(caller))
@@ -317,6 +365,7 @@ final class Session {
         guard let destination = destinations[caller.uniqueName] else {
             throw .accessDenied("Present the session token with PresentToken before performing a drop")
         }
+        try requireDrag(toCall: "PerformDrop")
         guard state == .active else {
             throw .wrongState("Session \(id) is \(state.rawValue): it has already been dropped")
         }
@@ -337,18 +386,85 @@ final class Session {
     func conclude(by caller: AppIdentity) throws(BrokerError) {
         // The party first: a stranger must not learn the session's state from the refusal.
         try requireParticipant(caller)
+        guard state != .copied else {
+            throw .wrongState("Session \(id) is a pasteboard entry: Conclude the session that Paste returned")
+        }
         guard state != .active else {
             throw .wrongState("Session \(id) has not been dropped: only the drop destination concludes it")
         }
         guard caller.uniqueName == dropDestination else {
-            throw .accessDenied("Only the destination that performed the drop may conclude session \(id)")
+            throw .accessDenied("Only the destination that performed the \(kind == .drag ? "drop" : "paste") may conclude session \(id)")
         }
-        guard state == .dropped else {
+        guard state == .dropped || state == .pasted else {
             throw .wrongState("Session \(id) is already concluded")
         }
         state = .concluded
         report(self, .concluded)
         if loads.isEmpty { finishTransfer() }
+    }
+
+    // MARK: Pasteboard
+
+    /// Calls that only a drag has.
+    private func requireDrag(toCall member: String) throws(BrokerError) {
+        guard kind == .drag else {
+            throw .wrongState(state == .copied
+                ? "Session \(id) is a pasteboard entry: \(member) is for drags; paste it with Paste"
+                : "Session \(id) is a paste: \(member) is for drags")
+        }
+    }
+
+    /// The user pasted the entry in `caller`: checks that it is an entry with something the
+    /// caller may see, and numbers the paste. The registry makes the paste's session.
+    func pasteID(for caller: AppIdentity, flow: FlowView) throws(BrokerError) -> String {
+        try requireParticipant(caller)
+        guard state == .copied else {
+            throw .wrongState(kind == .drag ? "Session \(id) is a drag: Paste is for pasteboard entries; a drag is dropped with PerformDrop"
+                                            : "Session \(id) is a paste: call Paste on its pasteboard entry")
+        }
+        guard hasDroppable(for: caller, flow: flow) else {
+            var denials = flowDenials(to: caller, flow: flow).makeIterator()
+            if let (_, rule) = denials.next() {
+                var error = BrokerError.accessDenied(
+                    "The administrator's policy forbids pasting from \(source.appID) to \(caller.appID) (rule at \(rule.origin))")
+                error.rule = "\(rule.origin)"
+                throw error
+            }
+            throw .notFound("Pasteboard entry \(id) has nothing that \(caller.appID) may see")
+        }
+        pasteCount += 1
+        return "\(id)_\(pasteCount)"
+    }
+
+    /// A new paste session begins as a drop ends: its destination alone, with a copy.
+    func beginPaste(by caller: AppIdentity) {
+        destinations[caller.uniqueName] = Destination(identity: caller, proposal: .copy, allowed: .copy, entered: true)
+        dropDestination = caller.uniqueName
+        state = .pasted
+        operation = .copy
+        deadlineStart = Kernel.monotonicMicroseconds()
+    }
+
+    /// What the entry's source may also put on the window system's clipboard in the clear, for
+    /// apps that do not speak the protocol: its first item's representations that any app
+    /// could see and that flow rules let reach an app the broker knows nothing of. The rule
+    /// lives here, so no client library decides it.
+    func clearOffers(to caller: AppIdentity, flow: FlowView, allowed: Bool) throws(BrokerError) -> [String] {
+        guard caller.uniqueName == source.uniqueName else {
+            throw .accessDenied("Only the source of pasteboard entry \(id) may ask what it may offer in the clear")
+        }
+        guard state == .copied else {
+            throw .wrongState("Session \(id) is no pasteboard entry: only an entry's representations are offered on the clipboard")
+        }
+        guard allowed, let first = items.first else { return [] }
+        return first.representations.filter {
+            $0.visibility == .all && flow.reachesUnknownApps($0.typeIdentifier, from: source, through: .paste)
+        }.map(\.typeIdentifier)
+    }
+
+    /// Tells the entry's source, before any load of it, that `paste` began.
+    func announce(_ paste: Session) {
+        report(self, .pastedFrom(paste))
     }
 
     // MARK: Loads
@@ -361,13 +477,15 @@ final class Session {
         switch state {
         case .active:
             throw .wrongState("Loads are allowed only after PerformDrop")
+        case .copied:
+            throw .wrongState("Session \(id) is a pasteboard entry: call Paste, then Load from the session it returns")
         case .concluded:
             throw .wrongState("Session \(id) was concluded: no new loads")
-        case .dropped:
+        case .dropped, .pasted:
             break
         }
         guard caller.uniqueName == dropDestination else {
-            throw .accessDenied("Only the destination that performed the drop may load from session \(id)")
+            throw .accessDenied("Only the destination that performed the \(kind == .drag ? "drop" : "paste") may load from session \(id)")
         }
         let visible = visibleItems(for: caller, flow: rules.flow)
         guard Int(item) < visible.count else {
@@ -396,7 +514,7 @@ final class Session {
         if rules.auditRefuses {
             throw Load.auditRefusal
         }
-        let sizeRule = representation.kind == .data ? rules.flow.byteLimit(of: canonical, from: source, to: caller) : nil
+        let sizeRule = representation.kind == .data ? rules.flow.byteLimit(of: canonical, from: source, to: caller, through: channel) : nil
         defer { nextLoadID += 1 }
         return LoadRequest(id: nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
                            destination: caller, sizeRule: sizeRule)
@@ -473,10 +591,11 @@ final class Session {
     /// `concludeTimeout`. Loads in flight have deadlines of their own, and a concluded session
     /// ends with its last load.
     func deadline(_ limits: Limits) -> UInt64? {
-        switch state {
-        case .active: deadlineStart + limits.dragTimeout
-        case .dropped where loads.isEmpty: deadlineStart + limits.concludeTimeout
-        case .dropped, .concluded: nil
+        switch (state, kind) {
+        case (.active, _): deadlineStart + limits.dragTimeout
+        case (.copied, .copy(let lifetime)): deadlineStart + lifetime
+        case (.dropped, _) where loads.isEmpty, (.pasted, _) where loads.isEmpty: deadlineStart + limits.concludeTimeout
+        case (.copied, _), (.dropped, _), (.pasted, _), (.concluded, _): nil
         }
     }
 
@@ -486,7 +605,11 @@ final class Session {
         case .active:
             end(outcome: .timedOut, error: BrokerError(.timeout,
                 "Session \(id) was not dropped within \(limits.dragTimeout / 1_000_000) s of BeginSession (DragTimeoutSec=)"))
-        case .dropped:
+        case .copied:
+            guard case .copy(let lifetime) = kind else { return }
+            end(outcome: .expired, error: BrokerError(.timeout,
+                "The pasteboard entry \(id) expired \(lifetime / 1_000_000) s after Copy"))
+        case .dropped, .pasted:
             end(outcome: .timedOut, error: BrokerError(.timeout,
                 "The destination of session \(id) neither loaded nor concluded within \(limits.concludeTimeout / 1_000_000) s (ConcludeTimeoutSec=)"))
         case .concluded:
@@ -499,7 +622,7 @@ final class Session {
     func end(outcome: SessionOutcome, error: BrokerError, loadOutcome: LoadOutcome? = nil) {
         guard !isOver else { return }
         for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error, outcome: loadOutcome) }
-        if state == .active { operation = .cancel }
+        if state == .active || state == .copied { operation = .cancel }
         retire(outcome: outcome, error: error)
     }
 
