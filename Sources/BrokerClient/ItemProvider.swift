@@ -67,6 +67,15 @@ public final class ItemProvider: Sendable {
                        representations: registered.withLock { $0.map(\.0) })
     }
 
+    /// A data representation's bytes, from its load handler now: what a source offers on the
+    /// clipboard in the clear (`PasteboardEntry.clearOffers`). Nil for a type not registered, or
+    /// registered as a stream or a file.
+    public func loadDataRepresentation(forTypeIdentifier typeIdentifier: String) async throws -> Data? {
+        let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
+        guard case .data(let handler) = provision(for: type) else { return nil }
+        return try await handler()
+    }
+
     func provision(for typeIdentifier: String) -> Provision? {
         registered.withLock { $0.first { $0.0.typeIdentifier == typeIdentifier }?.1 }
     }

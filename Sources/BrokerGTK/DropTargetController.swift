@@ -3,12 +3,15 @@ import BrokerProtocol
 import CGtk
 import UniformTypes
 
-/// Makes a widget a drop target, as `UIDropInteraction` does a view, following the drag
-/// protocol: on the first motion it reads the token, presents it and looks for items it can
-/// handle (`acceptedTypes`: MIME types, wildcards or UTIs); it proposes copy, and the broker's
-/// answer is the drop status GTK shows. On a drop it loads every item it can handle at once,
-/// each with its own progress, concludes, then finishes the GTK drop with the broker's
-/// operation. Everything reaches the app on the main thread.
+/// Makes a widget a drop target, as `UIDropInteraction` does a view, and a paste target, with
+/// one declaration of what it takes for both (`PasteConfiguration`, iOS's
+/// `UIPasteConfiguration`). Following the drag protocol, on the first motion it reads the
+/// token, presents it and looks for items it can handle; it proposes copy, and the broker's
+/// answer is the drop status GTK shows. On a drop, or on `paste()` (its shortcut, or a menu)
+/// when the clipboard carries a pasteboard entry's token, it loads every item it can handle at
+/// once, each with its own progress, and concludes; a drop then finishes the GTK drop with the
+/// broker's operation. The same callbacks receive the items of either. Everything reaches the
+/// app on the main thread.
 @MainActor
 public final class DropTargetController {
     /// An item the target will load: the destination's own item number, and the type chosen.
@@ -21,7 +24,8 @@ public final class DropTargetController {
     }
 
     public let connection: BrokerConnection
-    public let acceptedTypes: [String]
+    /// What the widget takes, as a drop or as a paste.
+    public let configuration: PasteConfiguration
     /// The broker's answer to the proposal while the drag is over the widget, and `cancel` when
     /// it leaves: for highlighting. `copy` or `move`: a release drops. `forbidden`: the
     /// administrator's policy refuses this drop here. `cancel` while over the widget: nothing
@@ -32,19 +36,27 @@ public final class DropTargetController {
     public var onItemProgress: ((Item, _ bytes: UInt64, _ expected: UInt64?) -> Void)?
     /// One item's bytes, or why they did not come; in the order the loads end.
     public var onItemLoaded: ((Item, Result<[UInt8], BrokerError>) -> Void)?
-    /// The drop is over: the operation performed, or why there was none.
+    /// The drop or the paste is over: the operation performed (a paste's is copy), or why
+    /// there was none.
     public var onDropEnded: ((DropOperation, BrokerError?) -> Void)?
 
+    private let widget: UnsafeMutablePointer<GtkWidget>
     private let target: OpaquePointer
     private var hover: Hover?
     /// GTK 3 sends a leave right before the drop; the Exit waits this long for one.
     static let exitDelayMilliseconds: UInt32 = 200
 
-    public init(widget: UnsafeMutablePointer<GtkWidget>, connection: BrokerConnection, acceptedTypes: [String]) {
+    public convenience init(widget: UnsafeMutablePointer<GtkWidget>, connection: BrokerConnection, acceptedTypes: [String]) {
+        self.init(widget: widget, connection: connection, configuration: PasteConfiguration(acceptableTypeIdentifiers: acceptedTypes))
+    }
+
+    /// `widget` owns the controller from now on.
+    public init(widget: UnsafeMutablePointer<GtkWidget>, connection: BrokerConnection, configuration: PasteConfiguration) {
         GtkMainActor.install()
         self.connection = connection
-        self.acceptedTypes = acceptedTypes
-        let formats = gdk_content_formats_new(TokenReader.mimeTypes, 1)
+        self.configuration = configuration
+        self.widget = widget
+        let formats = gdk_content_formats_new(TokenReader.dragType, 1)
         target = gtk_drop_target_async_new(formats, Self.anyAction)
         connect(target, "accept", self, unsafeBitCast(acceptTrampoline, to: GCallback.self))
         connect(target, "drag-enter", self, unsafeBitCast(enterTrampoline, to: GCallback.self))
@@ -136,14 +148,7 @@ public final class DropTargetController {
             let token = try await readToken(hover.drop)
             let session = try await connection.presentToken(token)
             hover.session = session
-            let visible = try await session.items()
-            let accepted = acceptedTypes.compactMap { try? TypePattern($0) }
-            hover.items = visible.enumerated().compactMap { index, item in
-                MimeDatabase.system.select(among: item.typeIdentifiers, for: accepted).map {
-                    Item(index: index, suggestedName: item.suggestedName, typeIdentifier: item.typeIdentifiers[$0],
-                         preferredWidth: item.preferredWidth, preferredHeight: item.preferredHeight)
-                }
-            }
+            hover.items = try await acceptedItems(in: session)
             // With nothing the app can handle it proposes cancel, and the broker's answer says
             // whether that is all (cancel) or the administrator's policy refused it (forbidden).
             await propose(session, in: hover)
@@ -180,9 +185,25 @@ public final class DropTargetController {
             onDropEnded?(.cancel, error)
             return
         }
-        onItemsIncoming?(hover.items)
+        let concluded = await transfer(hover.items, from: session)
+        gdk_drop_finish(hover.drop, Self.action(operation))
+        if self.hover === hover { self.hover = nil }
+        onDropEnded?(operation, concluded)
+    }
+
+    /// The items the configuration takes, as this app numbers them, each with the type to load.
+    private func acceptedItems(in session: DropSession) async throws(BrokerError) -> [Item] {
+        configuration.accepted(try await session.items()).map {
+            Item(index: $0.index, suggestedName: $0.item.suggestedName, typeIdentifier: $0.typeIdentifier,
+                 preferredWidth: $0.item.preferredWidth, preferredHeight: $0.item.preferredHeight)
+        }
+    }
+
+    /// After a drop or a paste: every item at once, each with its progress, then Conclude.
+    private func transfer(_ items: [Item], from session: DropSession) async -> BrokerError? {
+        onItemsIncoming?(items)
         await withTaskGroup(of: Void.self) { group in
-            for item in hover.items {
+            for item in items {
                 group.addTask { [weak self] in
                     let progress: @Sendable (UInt64, UInt64?) -> Void = { [weak self] bytes, expected in
                         Task { @MainActor in self?.onItemProgress?(item, bytes, expected) }
@@ -198,16 +219,96 @@ public final class DropTargetController {
                 }
             }
         }
-        let concluded: BrokerError?
         do {
             try await session.conclude()
-            concluded = nil
+            return nil
         } catch {
-            concluded = error
+            return error
         }
-        gdk_drop_finish(hover.drop, Self.action(operation))
-        if self.hover === hover { self.hover = nil }
-        onDropEnded?(operation, concluded)
+    }
+
+    // MARK: Paste
+
+    /// Binds `trigger` (GTK's syntax) to `paste()`. For a text widget, whose own paste GTK
+    /// binds, pass `brokerEntriesOnly`: the shortcut then acts only when the clipboard carries a
+    /// pasteboard entry's token, and leaves the keys to the widget's own paste otherwise.
+    public func installShortcut(_ trigger: String = "<Control>v", on widget: UnsafeMutablePointer<GtkWidget>,
+                                brokerEntriesOnly: Bool = false) {
+        addShortcut(trigger, to: widget, scope: brokerEntriesOnly ? GTK_SHORTCUT_SCOPE_LOCAL : GTK_SHORTCUT_SCOPE_GLOBAL, self) {
+            brokerEntriesOnly && !$0.clipboardHasEntry ? false : $0.paste()
+        }
+    }
+
+    /// Whether the clipboard now carries a pasteboard entry's token: enough to enable a Paste
+    /// menu item before asking the broker anything.
+    public var clipboardHasEntry: Bool {
+        gdk_content_formats_contain_mime_type(gdk_clipboard_get_formats(clipboard), BrokerNames.pasteboardTokenType) != 0
+    }
+
+    private var clipboard: OpaquePointer { gtk_widget_get_clipboard(widget) }
+
+    /// Paste: through the broker when the clipboard carries a pasteboard entry's token (each
+    /// call is one paste, recorded); else, when the configuration takes plain text, the
+    /// clipboard's text in the clear, as item 0 of type `text/plain;charset=utf-8`, which the
+    /// broker never sees. The items reach the same callbacks as a drop's. Returns whether there
+    /// was anything to paste.
+    @discardableResult
+    public func paste() -> Bool {
+        if clipboardHasEntry {
+            Task { await pasteEntry() }
+            return true
+        }
+        let clearText = VisibleItem(suggestedName: "", preferredWidth: 0, preferredHeight: 0, typeIdentifiers: [Self.clearTextType])
+        let takesText = !configuration.accepted([clearText]).isEmpty
+        guard takesText, shim_formats_contain_text(gdk_clipboard_get_formats(clipboard)) != 0 else { return false }
+        Task { await pasteClearText() }
+        return true
+    }
+
+    static let clearTextType = "text/plain;charset=utf-8"
+
+    private func pasteEntry() async {
+        do throws(BrokerError) {
+            let bytes = await TokenReader.read { reader in
+                gdk_clipboard_read_async(clipboard, TokenReader.pasteboardType, G_PRIORITY_DEFAULT, nil, { object, result, data in
+                    let reader = Unmanaged<TokenReader>.fromOpaque(data!).takeRetainedValue()
+                    reader.opened(gdk_clipboard_read_finish(OpaquePointer(object), result, nil, nil))
+                }, reader)
+            }
+            guard let bytes, let token = DragProtocol.token(from: bytes) else {
+                throw BrokerError(.invalidArgument, "The clipboard offered no valid \(BrokerNames.pasteboardTokenType)")
+            }
+            let entry = try await connection.presentToken(token)
+            let items = try await acceptedItems(in: entry)
+            guard !items.isEmpty else {
+                onDropEnded?(.cancel, BrokerError(.notFound, "Nothing on the clipboard is of a type this widget takes"))
+                return
+            }
+            let paste = try await entry.paste()
+            onDropEnded?(.copy, await transfer(items, from: paste))
+        } catch {
+            onDropEnded?(.cancel, error)
+        }
+    }
+
+    private func pasteClearText() async {
+        let text: String? = await withCheckedContinuation { continuation in
+            let box = Unmanaged.passRetained(TextWaiter(continuation)).toOpaque()
+            gdk_clipboard_read_text_async(clipboard, nil, { object, result, data in
+                let waiter = Unmanaged<TextWaiter>.fromOpaque(data!).takeRetainedValue()
+                let text = gdk_clipboard_read_text_finish(OpaquePointer(object), result, nil)
+                defer { g_free(text) }
+                waiter.continuation.resume(returning: text.map { String(cString: $0) })
+            }, box)
+        }
+        guard let text else {
+            onDropEnded?(.cancel, BrokerError(.notFound, "The clipboard's text could not be read"))
+            return
+        }
+        let item = Item(index: 0, suggestedName: "", typeIdentifier: Self.clearTextType, preferredWidth: 0, preferredHeight: 0)
+        onItemsIncoming?([item])
+        onItemLoaded?(item, .success(Array(text.utf8)))
+        onDropEnded?(.copy, nil)
     }
 
     static let anyAction = GdkDragAction(GDK_ACTION_COPY.rawValue | GDK_ACTION_MOVE.rawValue)
@@ -224,12 +325,11 @@ public final class DropTargetController {
 
     /// GDK hands the offer over as a stream that the main loop fills: read it without blocking.
     private func readToken(_ drop: OpaquePointer) async throws(BrokerError) -> String {
-        let bytes: [UInt8]? = await withCheckedContinuation { continuation in
-            let reader = TokenReader(continuation)
-            gdk_drop_read_async(drop, TokenReader.mimeTypes, G_PRIORITY_DEFAULT, nil, { object, result, data in
+        let bytes = await TokenReader.read { reader in
+            gdk_drop_read_async(drop, TokenReader.dragType, G_PRIORITY_DEFAULT, nil, { object, result, data in
                 let reader = Unmanaged<TokenReader>.fromOpaque(data!).takeRetainedValue()
-                reader.opened(OpaquePointer(object), result)
-            }, Unmanaged.passRetained(reader).toOpaque())
+                reader.opened(gdk_drop_read_finish(OpaquePointer(object), result, nil, nil))
+            }, reader)
         }
         guard let bytes, let token = DragProtocol.token(from: bytes) else {
             throw BrokerError(.invalidArgument, "The drag offered no valid \(DragProtocol.tokenType)")
@@ -238,15 +338,28 @@ public final class DropTargetController {
     }
 }
 
-/// Reads the whole offer (64 bytes, and at most a little more before it refuses).
+/// Reads the whole offer of a drag or a clipboard (64 bytes, and at most a little more
+/// before it refuses).
 private final class TokenReader {
-    nonisolated(unsafe) static let mimeTypes: UnsafeMutablePointer<UnsafePointer<CChar>?> = {
+    nonisolated(unsafe) static let dragType = mimeTypes(DragProtocol.tokenType)
+    nonisolated(unsafe) static let pasteboardType = mimeTypes(BrokerNames.pasteboardTokenType)
+    static let limit = 4096
+
+    /// GDK's NULL-terminated list of one type, made once per type for the process's life.
+    private static func mimeTypes(_ type: String) -> UnsafeMutablePointer<UnsafePointer<CChar>?> {
         let types = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: 2)
-        types[0] = UnsafePointer(strdup(DragProtocol.tokenType))
+        types[0] = UnsafePointer(strdup(type))
         types[1] = nil
         return types
-    }()
-    static let limit = 4096
+    }
+
+    /// `open` starts GDK's read with the reader as its callback's data (retained), and the
+    /// callback hands `opened` the stream.
+    @MainActor static func read(_ open: (UnsafeMutableRawPointer) -> Void) async -> [UInt8]? {
+        await withCheckedContinuation { continuation in
+            open(Unmanaged.passRetained(TokenReader(continuation)).toOpaque())
+        }
+    }
 
     private let continuation: CheckedContinuation<[UInt8]?, Never>
     private var bytes: [UInt8] = []
@@ -256,8 +369,8 @@ private final class TokenReader {
         self.continuation = continuation
     }
 
-    func opened(_ drop: OpaquePointer?, _ result: OpaquePointer?) {
-        stream = gdk_drop_read_finish(drop, result, nil, nil)
+    func opened(_ stream: UnsafeMutablePointer<GInputStream>?) {
+        self.stream = stream
         readMore()
     }
 
@@ -284,6 +397,12 @@ private final class TokenReader {
         stream = nil
         continuation.resume(returning: result)
     }
+}
+
+/// Waits for the clipboard's text.
+private final class TextWaiter {
+    let continuation: CheckedContinuation<String?, Never>
+    init(_ continuation: CheckedContinuation<String?, Never>) { self.continuation = continuation }
 }
 
 /// The Exit a leave schedules, run unless the drag came back or dropped meanwhile.

@@ -55,6 +55,33 @@ func connect(_ instance: OpaquePointer, _ signal: String, _ target: AnyObject, _
     })
 }
 
+/// Binds a shortcut (GTK's trigger syntax, "<Control>v") on `widget` to `action`, which says
+/// whether it handled the keys (if not, they go on to the widget's own bindings). Scope
+/// `GLOBAL` acts wherever the focus is in the widget's window; `LOCAL` only when the widget has
+/// the focus, and then in the capture phase, before the widget's own bindings.
+@MainActor
+func addShortcut<Target: AnyObject>(_ trigger: String, to widget: UnsafeMutablePointer<GtkWidget>, scope: GtkShortcutScope,
+                                    _ target: Target, _ action: @escaping @MainActor (Target) -> Bool) {
+    let controller = gtk_shortcut_controller_new()
+    gtk_shortcut_controller_set_scope(controller, scope)
+    if scope == GTK_SHORTCUT_SCOPE_LOCAL { gtk_event_controller_set_propagation_phase(controller, GTK_PHASE_CAPTURE) }
+    let box = ShortcutAction { [unowned target] in action(target) }
+    let callback = gtk_callback_action_new({ _, _, data in
+        let box = Unmanaged<ShortcutAction>.fromOpaque(data!).takeUnretainedValue()
+        return MainActor.assumeIsolated { box.run() } ? 1 : 0
+    }, Unmanaged.passRetained(box).toOpaque(), { data in
+        Unmanaged<ShortcutAction>.fromOpaque(data!).release()
+    })
+    gtk_shortcut_controller_add_shortcut(controller, gtk_shortcut_new(gtk_shortcut_trigger_parse_string(trigger), callback))
+    gtk_widget_add_controller(widget, controller)
+}
+
+/// A shortcut's action, owned by GTK's callback action.
+private final class ShortcutAction {
+    let run: @MainActor () -> Bool
+    init(_ run: @escaping @MainActor () -> Bool) { self.run = run }
+}
+
 extension GtkMainActor {
     /// Runs GTK's main loop, with the main actor on it, until the process exits.
     @MainActor public static func run() -> Never {

@@ -13,3 +13,13 @@ static inline gulong shim_signal_connect(gpointer instance, const char *signal, 
                                          gpointer data, GClosureNotify destroy) {
     return g_signal_connect_data(instance, signal, handler, data, destroy, 0);
 }
+
+/* gdk_content_provider_new_typed is variadic, and G_TYPE_STRING a macro: the clipboard's text,
+   which GDK offers in every text format the toolkits read (UTF8_STRING, text/plain, …). */
+static inline GdkContentProvider *shim_text_provider(const char *text) {
+    return gdk_content_provider_new_typed(G_TYPE_STRING, text);
+}
+
+static inline gboolean shim_formats_contain_text(GdkContentFormats *formats) {
+    return gdk_content_formats_contain_gtype(formats, G_TYPE_STRING);
+}

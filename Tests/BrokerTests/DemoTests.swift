@@ -13,24 +13,32 @@ final class DemoTests: XCTestCase {
         let output = demo.stdout.text
         XCTAssertEqual(demo.process.terminationStatus, 0, output + demo.stderr.text)
         for line in [
-            "source: showing sunset.png; drag the picture",
-            "target: waiting for a drop",
+            "source: showing sunset.png; drag the picture, or copy it with Ctrl+C",
+            "target: waiting for a drop or a paste (Ctrl+V)",
             "target: the broker allows copy",
             "                image/png (data, visible to team)",
             "        └─/org/dragbroker/Broker1/session/s1",
-            "target: performed the drop; loading item 0 as image/png",
+            "target: incoming item 0 as image/png",
             "target: loading [####################] 922218 of 922218 bytes",
             "target: concluded the copy",
             "source: the drop was performed: copy",
             "source: rendering the PNG now, because the destination asked for it",
             "source: load 1 delivered 922218 bytes",
             "source: every transfer finished",
-            "1 load listed.",
+            "    application/vnd.dragbroker.pasteboard.v1",
+            "An app that does not speak the protocol reads the caption in the clear (xclip -o):\n    Sunset over the harbour",
+            "source: org.dragbroker.demo.Target pasted the picture",
+            "source: paste load 1 delivered 922218 bytes",
+            "2 loads listed.",
         ] {
             XCTAssertTrue(output.contains(line), "missing '\(line)' in:\n\(output)")
         }
         XCTAssertTrue(output.contains("target: received 922218 bytes (89 50 4e 47 0d 0a 1a 0a …)"), output)
         XCTAssertTrue(output.range(of: #"s1 +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \([^)]*\) image/png 922218 org\.dragbroker\.demo\.Target completed"#,
+                                   options: .regularExpression) != nil, output)
+        XCTAssertTrue(output.range(of: #"s2_1 +paste +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \([^)]*\) +org\.dragbroker\.demo\.Source +org\.dragbroker\.demo\.Target +copy +completed"#,
+                                   options: .regularExpression) != nil, output)
+        XCTAssertTrue(output.range(of: #"s2_1 +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \([^)]*\) image/png 922218 org\.dragbroker\.demo\.Target completed"#,
                                    options: .regularExpression) != nil, output)
 
         // The screenshots it names show the two windows: the target's drop area is empty

@@ -101,6 +101,28 @@ final class Desktop {
         }
     }
 
+    /// Gives the window with this title the keyboard focus and types `keys` there, as a person
+    /// does: xdotool's key names (`ctrl+c`) on X11, wtype on sway. With no window manager on
+    /// Xvfb the focus is set directly.
+    func type(_ keys: String, in title: String) throws {
+        switch backend {
+        case .x11:
+            let window = try Desktop.run("/usr/bin/xdotool", ["search", "--sync", "--onlyvisible", "--name", "^\(title)$"],
+                                         environment: environment).split(separator: "\n").first.map(String.init) ?? ""
+            try Desktop.run("/usr/bin/xdotool", ["windowfocus", "--sync", window, "sleep", "0.1", "key", "--clearmodifiers", keys],
+                            environment: environment)
+        case .wayland:
+            try Desktop.run("/usr/bin/swaymsg", ["[title=\"^\(title)$\"]", "focus"], environment: ["SWAYSOCK": swaySocket!])
+            usleep(100_000)
+            let parts = keys.split(separator: "+").map(String.init)
+            let modifiers = parts.dropLast().map { $0 == "ctrl" ? "ctrl" : $0 }
+            // Each wtype is a new virtual keyboard with a keymap of its own: the pause lets the
+            // focused client take the keymap before the first key, which it would drop otherwise.
+            try Desktop.run("/usr/bin/wtype", ["-s", "300"] + modifiers.flatMap { ["-M", $0] } + ["-k", parts.last!]
+                                + modifiers.flatMap { ["-m", $0] }, environment: environment)
+        }
+    }
+
     /// Moves a window to `position` on X11; on sway the config already placed it by title.
     func place(_ title: String, at position: (x: Int, y: Int)) throws {
         guard backend == .x11 else { return }

@@ -36,7 +36,7 @@ final class DesktopInteropTests: XCTestCase {
 
         XCTAssertEqual(target.stdout.all { $0.hasPrefix("target: ") && !$0.hasPrefix("target: loading") }, [
             "target: the broker allows copy",
-            "target: performed the drop; loading item 0 as image/png",
+            "target: incoming item 0 as image/png",
             "target: received \(Self.demoPNG.bytes) bytes (89 50 4e 47 0d 0a 1a 0a …), saved to \(received.path)/sunset.png",
             "target: concluded the copy",
         ])
@@ -150,13 +150,13 @@ final class DesktopInteropTests: XCTestCase {
 
     static func swiftSource(_ world: World, _ desktop: Desktop) throws -> DesktopApp {
         try DesktopApp(executable: productsDirectory.appendingPathComponent("dragbroker-demo-source"), title: "swift-source",
-                       arguments: ["--title", "swift-source", "--size", "200"], ready: "source: showing sunset.png; drag the picture",
+                       arguments: ["--title", "swift-source", "--size", "200"], ready: "source: showing sunset.png; drag the picture, or copy it with Ctrl+C",
                        at: (20, 50), on: desktop, bus: world.bus)
     }
 
     static func swiftTarget(_ world: World, _ desktop: Desktop, _ received: URL) throws -> DesktopApp {
         try DesktopApp(executable: productsDirectory.appendingPathComponent("dragbroker-demo-target"), title: "swift-target",
-                       arguments: ["--title", "swift-target", "--size", "200", received.path], ready: "target: waiting for a drop",
+                       arguments: ["--title", "swift-target", "--size", "200", received.path], ready: "target: waiting for a drop or a paste (Ctrl+V)",
                        at: (300, 50), on: desktop, bus: world.bus)
     }
 

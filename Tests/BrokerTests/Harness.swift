@@ -138,6 +138,11 @@ class Child {
         }
     }
 
+    /// End of file on the child's standard input.
+    func closeInput() {
+        try? input.fileHandleForWriting.close()
+    }
+
     func kill(_ signal: Int32 = SIGKILL) {
         Glibc.kill(process.processIdentifier, signal)
         process.waitUntilExit()

@@ -128,7 +128,7 @@ final class JournalTests: XCTestCase {
         XCTAssertEqual(pasteEnded?["DRAGBROKER_CHANNEL"], "paste")
         XCTAssertEqual(pasteEnded?["DRAGBROKER_OUTCOME"], "completed")
         let entryEnded = waitFor { $0["MESSAGE_ID"] == "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60" && $0["DRAGBROKER_SESSION"] == "s2" }
-        XCTAssertEqual(entryEnded?["MESSAGE"], "Pasteboard entry s2 from \(source.executable.path) ended: cancelled, operation cancel")
+        XCTAssertEqual(entryEnded?["MESSAGE"], "Pasteboard entry s2 from \(source.executable.path) ended: cancelled, operation copy")
         XCTAssertEqual(entryEnded?["DRAGBROKER_KIND"], "copy")
         XCTAssertEqual(entryEnded?["DRAGBROKER_CHANNEL"], "paste")
     }

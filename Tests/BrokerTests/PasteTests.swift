@@ -113,7 +113,7 @@ final class PasteTests: XCTestCase {
         XCTAssertEqual(target.run("present \(quitterToken)"), "OK \(BrokerNames.sessionPath(id: "s3"))")
         quitter.process.terminate()
         quitter.process.waitUntilExit()
-        XCTAssertTrue(target.waitFor("EVENT ended cancel \(BrokerErrorCode.disconnected.busName)"))
+        XCTAssertTrue(target.waitFor("EVENT ended copy \(BrokerErrorCode.disconnected.busName)"))
         XCTAssertEqual(target.run("present \(quitterToken)"), err(.notFound, "No live session has this token"))
 
         let records = try world.daemon.waitForLog { log -> [SessionRecord]? in

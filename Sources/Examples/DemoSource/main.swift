@@ -1,6 +1,8 @@
-// An example drag source, after the iOS drag-and-drop samples: a window showing a picture and
-// its caption. Drag the picture: the PNG is rendered only when a destination that performed
-// the drop asks for it; the caption goes along as text.
+// An example drag and copy source, after the iOS drag-and-drop samples: a window showing a
+// picture and its caption. Drag the picture, or copy it (Ctrl+C): the PNG is rendered only when
+// a destination that performed the drop or the paste asks for it; the caption goes along as
+// text, and is the one thing put on the clipboard in the clear for apps that do not speak the
+// protocol.
 import BrokerClient
 import BrokerGTK
 import CGtk
@@ -81,8 +83,21 @@ Task { @MainActor in
         case .transferFinished: say("every transfer finished")
         }
     }
+    let copier = CopySourceController(widget: picture, connection: broker) { [pictureItem()] }
+    copier.installShortcut(on: window)
+    copier.onError = { say("could not copy: \($0)") }
+    copier.onEvent = { event in
+        switch event {
+        case .pasted(_, let app): say("\(app) pasted the picture")
+        case .loadRequested(_, _, let item, let type): say("a paste requested item \(item) as \(type)")
+        case .loadFinished(_, let load, let bytes, nil): say("paste load \(load) delivered \(bytes) bytes")
+        case .loadFinished(_, let load, _, let error?): say("paste load \(load) failed: \(error)")
+        case .ended(nil): say("the copy left the pasteboard")
+        case .ended(let error?): say("the copy left the pasteboard: \(error.message)")
+        }
+    }
     gtk_window_present(GtkCast.window(window))
-    say("showing sunset.png; drag the picture")
+    say("showing sunset.png; drag the picture, or copy it with Ctrl+C")
 }
 
 /// Just enough PNG to make a real image file: 8-bit RGB, stored (uncompressed) deflate.

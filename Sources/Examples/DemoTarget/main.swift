@@ -1,6 +1,7 @@
-// An example drop target: a window that accepts only images. While a drag is over it, it shows
-// the broker's answer; on a drop it shows a placeholder with a progress bar for each image,
-// then the image itself, and saves what it received.
+// An example drop and paste target: a window that accepts only images, by one declaration for
+// both. While a drag is over it, it shows the broker's answer; on a drop, or a paste (Ctrl+V),
+// it shows a placeholder with a progress bar for each image, then the image itself, and saves
+// what it received.
 import BrokerClient
 import BrokerGTK
 import CGtk
@@ -52,9 +53,11 @@ Task { @MainActor in
     gtk_box_append(GtkCast.box(column), hint)
 
     var placeholders: [Int: Placeholder] = [:]
-    // canHandle: images only; anything else is not dropped here, and the broker says when
-    // the administrator's policy is why.
-    let target = DropTargetController(widget: column, connection: broker, acceptedTypes: ["public.image"])
+    // canHandle, for drops and pastes alike: images only; anything else is not dropped here,
+    // and the broker says when the administrator's policy is why.
+    let target = DropTargetController(widget: column, connection: broker,
+                                      configuration: PasteConfiguration(acceptableTypeIdentifiers: ["public.image"]))
+    target.installShortcut(on: window)
     target.onProposal = { operation in
         switch operation {
         case .copy, .move:
@@ -68,7 +71,7 @@ Task { @MainActor in
         }
     }
     target.onItemsIncoming = { items in
-        say("performed the drop; loading \(items.map { "item \($0.index) as \($0.typeIdentifier)" }.joined(separator: ", "))")
+        say("incoming \(items.map { "item \($0.index) as \($0.typeIdentifier)" }.joined(separator: ", "))")
         for item in items { placeholders[item.index] = Placeholder(name: item.suggestedName, in: column) }
     }
     target.onItemProgress = { item, bytes, expected in
@@ -96,7 +99,7 @@ Task { @MainActor in
         say(error.map { "the drop ended: \($0)" } ?? "concluded the \(operation.rawValue)")
     }
     gtk_window_present(GtkCast.window(window))
-    say("waiting for a drop")
+    say("waiting for a drop or a paste (Ctrl+V)")
 }
 
 /// A placeholder per incoming item: its name and a progress bar, then the image.

@@ -138,7 +138,11 @@ final class Session {
         self.kind = kind
         self.createdAt = Date()
         self.report = report
-        if case .copy = kind { state = .copied }
+        // An entry offers a copy for as long as it lives; its pastes are copies too.
+        if case .copy = kind {
+            state = .copied
+            operation = .copy
+        }
     }
 
     /// The channel the session's data moves through, as flow rules name it.
@@ -622,7 +626,7 @@ final class Session {
     func end(outcome: SessionOutcome, error: BrokerError, loadOutcome: LoadOutcome? = nil) {
         guard !isOver else { return }
         for load in loads.values.sorted(by: { $0.id < $1.id }) { load.stop(error, outcome: loadOutcome) }
-        if state == .active || state == .copied { operation = .cancel }
+        if state == .active { operation = .cancel }
         retire(outcome: outcome, error: error)
     }
 
