@@ -66,8 +66,9 @@ public enum ManagerMember: String, InterfaceTable {
                 """)
         case .presentToken:
             .method(in: [A("token", "s")], out: [A("session", "o")], doc: """
-                PresentToken: a destination presents a drag's token and joins the session as a destination.
-                A restricted session does not exist for other apps: NotFound, as for an unknown token.
+                PresentToken: a destination presents a drag's or a pasteboard entry's token and joins the session
+                as a destination; presenting it again changes nothing. A restricted session does not exist for
+                other apps: NotFound, as for an unknown token.
                 """)
         case .listSessions:
             .method(out: [A("sessions", "a" + SessionSummary.signature)], annotations: [.qtType(out: 0, "SessionSummaryList")], doc: """

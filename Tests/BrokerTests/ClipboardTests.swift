@@ -9,6 +9,7 @@ import XCTest
 final class ClipboardTests: XCTestCase {
     func testX11SwiftCopyPastesIntoSwiftAndOnlyTheCaptionGoesInTheClear() throws { try swiftToSwift(.x11) }
     func testWaylandSwiftCopyPastesIntoSwiftAndOnlyTheCaptionGoesInTheClear() throws { try swiftToSwift(.wayland) }
+    func testX11SwiftCopyPastesIntoPythonGtk3() throws { try swiftToPython(.x11) }
     func testX11AManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.x11) }
     func testWaylandAManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.wayland) }
     func testX11ACopyElsewhereEndsTheEntry() throws { try copyElsewhere(.x11) }
@@ -38,7 +39,7 @@ final class ClipboardTests: XCTestCase {
             "target: concluded the copy",
         ])
         XCTAssertEqual(try sha256(of: received.appendingPathComponent("sunset.png")), DesktopInteropTests.demoPNG.sha256)
-        XCTAssert(source.waitFor("source: org.dragbroker.demo.Target pasted the picture"), source.stdout.text)
+        XCTAssert(source.waitFor("source: org.dragbroker.demo.Target pasted the copy"), source.stdout.text)
         XCTAssert(source.waitFor("source: paste load 1 delivered \(DesktopInteropTests.demoPNG.bytes) bytes"), source.stdout.text)
 
         // One copy, pasted again: another paste, another record.
@@ -55,6 +56,32 @@ final class ClipboardTests: XCTestCase {
             return loads.count < 2 ? nil : loads
         }
         XCTAssertEqual(Set(loads.map { "\($0.typeIdentifier) \($0.bytes) \($0.outcome)" }), ["image/png \(DesktopInteropTests.demoPNG.bytes) completed"])
+    }
+
+    /// The Python GTK 3 paste target, written from the protocol page alone: the caption, which
+    /// any app may see, arrives byte for byte; the team-only PNG does not exist for it, so it
+    /// does not paste at all when it wants an image.
+    func swiftToPython(_ backend: Desktop.Backend) throws {
+        let (world, desktop) = try Self.world(backend)
+        let source = try DesktopInteropTests.swiftSource(world, desktop)
+        let out = world.directory.appendingPathComponent("pasted.txt")
+        let text = try DesktopApp("gtk3_paste_target.py", title: "gtk3-target", arguments: ["--out", out.path], on: desktop, bus: world.bus)
+        try desktop.type("ctrl+c", in: source.title)
+        _ = try Self.waitForOffer(on: desktop)
+        try desktop.type("ctrl+v", in: text.title)
+        XCTAssert(text.waitFor("PASTED 23 bytes"), "\(text.stdout.text)\(text.stderr.text)\n\(desktop.screenshot(named: "python-paste"))")
+        XCTAssertEqual(try String(contentsOf: out, encoding: .utf8), Self.caption)
+        let paste = try world.daemon.waitForLog { log in try log.sessions().first { $0.kind == "paste" } }
+        XCTAssertEqual([paste.sessionID, paste.destinationApp, paste.outcome], ["s1_1", DesktopInteropTests.python, "completed"])
+        let load = try world.daemon.waitForLog { log in try log.loads().first }
+        XCTAssertEqual([load.typeIdentifier, "\(load.bytes)"], ["text/plain;charset=utf-8", "23"])
+        text.terminate()
+
+        let images = try DesktopApp("gtk3_paste_target.py", title: "gtk3-target", arguments: ["--out", out.path, "--accept", "image/png"],
+                                    on: desktop, bus: world.bus)
+        try desktop.type("ctrl+v", in: images.title)
+        XCTAssert(images.waitFor("NOTHING-CONFORMS image/png"), images.stdout.text + images.stderr.text)
+        XCTAssertEqual(try world.daemon.waitForLog { log in try log.sessions().filter { $0.kind == "paste" }.count }, 1, "no second paste")
     }
 
     /// A managed app's copy: its team pastes the picture through the broker, and an app that

@@ -27,7 +27,7 @@ final class DemoTests: XCTestCase {
             "source: every transfer finished",
             "    application/vnd.dragbroker.pasteboard.v1",
             "An app that does not speak the protocol reads the caption in the clear (xclip -o):\n    Sunset over the harbour",
-            "source: org.dragbroker.demo.Target pasted the picture",
+            "source: org.dragbroker.demo.Target pasted the copy",
             "source: paste load 1 delivered 922218 bytes",
             "2 loads listed.",
         ] {

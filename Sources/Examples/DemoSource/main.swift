@@ -88,7 +88,7 @@ Task { @MainActor in
     copier.onError = { say("could not copy: \($0)") }
     copier.onEvent = { event in
         switch event {
-        case .pasted(_, let app): say("\(app) pasted the picture")
+        case .pasted(_, let app): say("\(app) pasted the copy")
         case .loadRequested(_, _, let item, let type): say("a paste requested item \(item) as \(type)")
         case .loadFinished(_, let load, let bytes, nil): say("paste load \(load) delivered \(bytes) bytes")
         case .loadFinished(_, let load, _, let error?): say("paste load \(load) failed: \(error)")
