@@ -152,17 +152,7 @@ enum Orchestrator {
         // (c) From issuing Load to the first byte in the destination's hands, for a 4 KiB
         // data representation, through `loadStream` (the first chunk it yields).
         progress("(c) Load to first byte (\(BenchSizes.small)-byte data representation, loadStream) vs echo")
-        let firstByteOp: () async throws -> UInt64 = {
-            let start = monotonicNanos()
-            var first: UInt64 = 0
-            var total = 0
-            for try await chunk in drop.loadStream(item: 0, typeIdentifier: BenchTypes.small) {
-                if first == 0 && !chunk.isEmpty { first = monotonicNanos() - start }
-                total += chunk.count
-            }
-            guard total == BenchSizes.small, first > 0 else { throw BenchError("the small load delivered \(total) bytes") }
-            return first
-        }
+        let firstByteOp: () async throws -> UInt64 = { try await timeToFirstByte(from: drop) }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
 
         // (c') The same under FailClosed=yes: the source is asked only once the load's start
@@ -183,6 +173,33 @@ enum Orchestrator {
                          "  FailClosed=yes: \(format(failClosedRate)) drags/s; FailClosed=no: \(format(defaultRate)) drags/s",
                          "fail_closed_drags_per_second=\(format(failClosedRate))",
                          "default_drags_per_second=\(format(defaultRate))"]
+        // (g) Paste: the same item copied instead of dragged. As for the drop, from Load to the
+        // first byte, in a paste; and from the Paste call itself, each iteration a paste of its
+        // own (concluded, untimed, before the next), to show what the user's act adds.
+        progress("(g) Paste, then Load to first byte, vs echo; and Paste → first byte, a paste each time")
+        try world.source.send("copy")
+        guard let copied = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK copy ") || $0.hasPrefix("ERR") }),
+              copied.hasPrefix("OK copy ") else {
+            throw BenchError("the source could not copy: \(world.source.stdout.tail(5))")
+        }
+        let entry = try await connection.presentToken(String(copied.dropFirst("OK copy ".count)))
+        let paste = try await entry.paste()
+        let pasteFirstByte = try await measurePaired(op: { try await timeToFirstByte(from: paste) }, echo: ping)
+        try await paste.conclude()
+        let pasteEach = try await measurePaired(op: {
+            let start = monotonicNanos()
+            let paste = try await entry.paste()
+            let first = try await timeToFirstByte(from: paste, since: start)
+            try await paste.conclude()
+            return first
+        }, echo: ping)
+        let pasteLines = [
+            "(g) Paste: Load → first byte in a paste, as (c) in a drop", pairLine(pasteFirstByte),
+            "    Paste → first byte, a paste each time (its Paste round trip included)", pairLine(pasteEach),
+            "paste_first_byte_vs_echo_p50=\(format(pasteFirstByte.op.micros(50) / pasteFirstByte.echo.micros(50), 2))",
+            "paste_call_first_byte_vs_echo_p50=\(format(pasteEach.op.micros(50) / pasteEach.echo.micros(50), 2))",
+        ]
+
         // For work on the load path: (d) and (c) only, without the minutes the rest takes.
         if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_FIRST_BYTE_ONLY"] != nil {
             try await drop.conclude()
@@ -190,7 +207,7 @@ enum Orchestrator {
             _ = world.source.waitForExit(timeout: 10)
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
                     "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
-                    "(d) Update", pairLine(update)] + rateLines + [
+                    "(d) Update", pairLine(update)] + rateLines + pasteLines + [
                     "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
                     "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
                     "update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))"]
@@ -336,6 +353,7 @@ enum Orchestrator {
         report.append("(c') the same with FailClosed=yes (the source is asked once the load's start record committed)")
         report.append(pairLine(failClosedFirstByte))
         report += rateLines.prefix(2)
+        report += pasteLines.prefix(4)
         report.append("(d) proposal Update round trip (after Enter)")
         report.append(pairLine(update))
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
@@ -350,6 +368,7 @@ enum Orchestrator {
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
         report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
         report += rateLines.suffix(2)
+        report += pasteLines.suffix(2)
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
         report.append(flood.key)
         report += scale.keys
@@ -394,6 +413,19 @@ enum Orchestrator {
     /// Each measurement starts after `settle()`, so the work a load leaves behind once it has
     /// returned (the daemon's transfer log write, the source's signal handling) is charged
     /// neither to the next echo nor to the next operation.
+    /// Nanoseconds from `start` (by default, now) to the first byte of the small
+    /// representation loaded from `session` through `loadStream`, which is read to its end.
+    static func timeToFirstByte(from session: DropSession, since start: UInt64 = monotonicNanos()) async throws -> UInt64 {
+        var first: UInt64 = 0
+        var total = 0
+        for try await chunk in session.loadStream(item: 0, typeIdentifier: BenchTypes.small) {
+            if first == 0 && !chunk.isEmpty { first = monotonicNanos() - start }
+            total += chunk.count
+        }
+        guard total == BenchSizes.small, first > 0 else { throw BenchError("the small load delivered \(total) bytes") }
+        return first
+    }
+
     static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {
         var result = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
         for _ in 0..<latencyWarmup {

@@ -13,6 +13,8 @@ import SystemPackage
 ///     → READY <unique bus name> <session token>
 ///     ← plain <bytes>        write that many bytes into the plain pipe, 1 MiB per write(2)
 ///     → OK plain <bytes>
+///     ← copy                 put the same item on the broker's pasteboard
+///     → OK copy <entry token>
 ///     ← quit (or end of input) exit
 ///
 /// For the experiments (`DRAGBROKER_BENCH_EXPERIMENTS`) only: `plainhop <bytes>` writes the
@@ -22,6 +24,8 @@ enum SourceRole {
     static let output = Mutex(FileHandle.standardOutput)
     /// Library-free sources begun for the experiments, kept alive.
     static let rawSources = Mutex<[RawSource]>([])
+    /// Pasteboard entries, kept alive for the paste measurement.
+    static let entries = Mutex<[PasteboardEntry]>([])
 
     static func emit(_ line: String) {
         output.withLock { try? $0.write(contentsOf: Data((line + "\n").utf8)) }
@@ -100,6 +104,22 @@ enum SourceRole {
                                 answer.withLock { $0 = "OK begin \(second.token)" }
                             } catch {
                                 answer.withLock { $0 = "ERR begin \(error)" }
+                            }
+                            done.signal()
+                        }
+                        done.wait()
+                        emit(answer.withLock { $0 })
+                    case "copy":
+                        // The same item on the broker's pasteboard, for the paste measurement.
+                        let answer = Mutex("")
+                        let done = DispatchSemaphore(value: 0)
+                        Task {
+                            do {
+                                let entry = try await connection.copy(items: [DragItem(itemProvider: provider)])
+                                entries.withLock { $0.append(entry) }
+                                answer.withLock { $0 = "OK copy \(entry.token)" }
+                            } catch {
+                                answer.withLock { $0 = "ERR copy \(error)" }
                             }
                             done.signal()
                         }
