@@ -10,6 +10,7 @@ final class ClipboardTests: XCTestCase {
     func testX11SwiftCopyPastesIntoSwiftAndOnlyTheCaptionGoesInTheClear() throws { try swiftToSwift(.x11) }
     func testWaylandSwiftCopyPastesIntoSwiftAndOnlyTheCaptionGoesInTheClear() throws { try swiftToSwift(.wayland) }
     func testX11SwiftCopyPastesIntoPythonGtk3() throws { try swiftToPython(.x11) }
+    func testWaylandSwiftCopyPastesIntoPythonGtk3() throws { try swiftToPython(.wayland) }
     func testX11AManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.x11) }
     func testWaylandAManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.wayland) }
     func testX11ACopyElsewhereEndsTheEntry() throws { try copyElsewhere(.x11) }

@@ -90,10 +90,10 @@ class PasteTarget:
         self.window.set_default_size(320, 120)
         self.label = Gtk.Label(label="Press Ctrl+V to paste %s" % args.accept)
         self.window.add(self.label)
-        accel = Gtk.AccelGroup()
-        accel.connect(Gdk.KEY_v, Gdk.ModifierType.CONTROL_MASK, Gtk.AccelFlags.VISIBLE,
-                      self.on_paste_accel)
-        self.window.add_accel_group(accel)
+        # Ctrl+V by its key value: a Gtk.AccelGroup also matches the key's place in the keymap,
+        # and misses it under a virtual keyboard's keymap (wtype on sway), which still delivers
+        # the key value v with Control held.
+        self.window.connect("key-press-event", self.on_key)
         self.window.connect("destroy", Gtk.main_quit)
         self._ready = False
         self.window.connect("map-event", self.on_mapped)
@@ -109,6 +109,11 @@ class PasteTarget:
         if not self._ready:
             self._ready = True
             say("READY")
+        return False
+
+    def on_key(self, _window, event):
+        if event.keyval in (Gdk.KEY_v, Gdk.KEY_V) and event.state & Gdk.ModifierType.CONTROL_MASK:
+            return self.on_paste_accel()
         return False
 
     def on_paste_accel(self, *_):
