@@ -11,6 +11,8 @@ final class ClipboardTests: XCTestCase {
     func testWaylandSwiftCopyPastesIntoSwiftAndOnlyTheCaptionGoesInTheClear() throws { try swiftToSwift(.wayland) }
     func testX11SwiftCopyPastesIntoPythonGtk3() throws { try swiftToPython(.x11) }
     func testWaylandSwiftCopyPastesIntoPythonGtk3() throws { try swiftToPython(.wayland) }
+    func testX11ATextWidgetPastesAnEntryThroughTheBrokerAndClearTextItself() throws { try textWidget(.x11) }
+    func testWaylandATextWidgetPastesAnEntryThroughTheBrokerAndClearTextItself() throws { try textWidget(.wayland) }
     func testX11AManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.x11) }
     func testWaylandAManagedAppsCopyPutsNothingInTheClear() throws { try managedCopy(.wayland) }
     func testX11ACopyElsewhereEndsTheEntry() throws { try copyElsewhere(.x11) }
@@ -83,6 +85,35 @@ final class ClipboardTests: XCTestCase {
         try desktop.type("ctrl+v", in: images.title)
         XCTAssert(images.waitFor("NOTHING-CONFORMS image/png"), images.stdout.text + images.stderr.text)
         XCTAssertEqual(try world.daemon.waitForLog { log in try log.sessions().filter { $0.kind == "paste" }.count }, 1, "no second paste")
+    }
+
+    /// The route for a text widget, whose own Ctrl+V GTK binds: with an entry on the clipboard
+    /// the broker pastes it (recorded); with clear text only, GTK's own paste takes it (never
+    /// seen by the broker).
+    func textWidget(_ backend: Desktop.Backend) throws {
+        let (world, desktop) = try Self.world(backend)
+        let source = try DesktopInteropTests.swiftSource(world, desktop)
+        let text = try DesktopApp(executable: productsDirectory.appendingPathComponent("dragbroker-demo-target"), title: "swift-target",
+                                  arguments: ["--title", "swift-target", "--size", "200", "--text", world.directory.path],
+                                  ready: "target: waiting for a paste (Ctrl+V) into the text", at: (300, 50), on: desktop, bus: world.bus)
+        try desktop.type("ctrl+c", in: source.title)
+        _ = try Self.waitForOffer(on: desktop)
+        try desktop.type("ctrl+v", in: text.title)
+        XCTAssert(text.waitFor("target: pasted through the broker: \(Self.caption)"), text.stdout.text)
+        XCTAssert(text.waitFor("target: the text is now: \(Self.caption)"), text.stdout.text)
+        XCTAssert(text.waitFor("target: concluded the copy"), text.stdout.text)
+
+        let copier = try Self.copyInTheClear("plain words", on: desktop)
+        defer { copier.terminate() }
+        XCTAssert(source.waitFor("source: the copy left the pasteboard: The source withdrew the pasteboard entry"), source.stdout.text)
+        try desktop.type("ctrl+v", in: text.title)
+        XCTAssert(text.waitFor("target: the text is now: \(Self.caption)plain words"), text.stdout.text)
+        XCTAssertEqual(text.stdout.all { $0.hasPrefix("target: pasted through the broker") }.count, 1, "GTK's own paste took the clear text")
+        let pastes = try world.daemon.waitForLog { log -> [SessionRecord]? in
+            let sessions = try log.sessions()
+            return sessions.contains { $0.kind == "copy" } ? sessions.filter { $0.kind == "paste" } : nil
+        }
+        XCTAssertEqual(pastes.map(\.sessionID), ["s1_1"], "the clear paste is not the broker's to record")
     }
 
     /// A managed app's copy: its team pastes the picture through the broker, and an app that

@@ -11,16 +11,20 @@ import Foundation
 var title = "dragbroker demo: target"
 var size = (width: 340, height: 300)
 var positional: [String] = []
+// `--text`: a text view instead, whose own Ctrl+V GTK binds: the route BrokerGTK shows for
+// text widgets, through the broker for a pasteboard entry and GTK's own paste otherwise.
+var textView = false
 var options = CommandLine.arguments.dropFirst().makeIterator()
 while let option = options.next() {
     switch option {
     case "--title": title = options.next() ?? title
     case "--size": size = options.next().flatMap(Int.init).map { ($0, $0) } ?? size
+    case "--text": textView = true
     default: positional.append(option)
     }
 }
 guard positional.count == 1 else {
-    print("usage: dragbroker-demo-target [--title TITLE] [--size PIXELS] OUTPUT-DIRECTORY")
+    print("usage: dragbroker-demo-target [--title TITLE] [--size PIXELS] [--text] OUTPUT-DIRECTORY")
     exit(2)
 }
 let outputDirectory = URL(fileURLWithPath: positional[0])
@@ -40,7 +44,41 @@ Task { @MainActor in
         say("\(error)")
         exit(1)
     }
-    showWindow(broker)
+    if textView { showTextWindow(broker) } else { showWindow(broker) }
+}
+
+/// A text view that pastes through the broker when the clipboard carries an entry, and lets
+/// GTK's own paste take the clear text otherwise.
+@MainActor func showTextWindow(_ broker: BrokerConnection) {
+    let window = gtk_window_new()!
+    gtk_window_set_title(GtkCast.window(window), title)
+    gtk_window_set_default_size(GtkCast.window(window), Int32(size.width), Int32(size.height))
+    let view = gtk_text_view_new()!
+    gtk_window_set_child(GtkCast.window(window), view)
+    let buffer = gtk_text_view_get_buffer(UnsafeMutableRawPointer(view).assumingMemoryBound(to: GtkTextView.self))
+    let target = DropTargetController(widget: view, connection: broker,
+                                      configuration: PasteConfiguration(acceptableTypeIdentifiers: ["text/plain"]))
+    target.installShortcut(on: view, brokerEntriesOnly: true)
+    target.onItemLoaded = { _, result in
+        guard case .success(let bytes) = result else { return }
+        let text = String(decoding: bytes, as: UTF8.self)
+        gtk_text_buffer_insert_at_cursor(buffer, text, -1)
+        say("pasted through the broker: \(text)")
+    }
+    target.onDropEnded = { operation, error in say(error.map { "the paste ended: \($0)" } ?? "concluded the \(operation.rawValue)") }
+    shim_signal_connect(UnsafeMutableRawPointer(buffer), "changed", unsafeBitCast(textChanged, to: GCallback.self), nil, nil)
+    gtk_window_present(GtkCast.window(window))
+    gtk_widget_grab_focus(view)
+    say("waiting for a paste (Ctrl+V) into the text")
+}
+
+/// Every change of the text, GTK's own paste's included.
+let textChanged: @convention(c) (UnsafeMutablePointer<GtkTextBuffer>?, gpointer?) -> Void = { buffer, _ in
+    var start = GtkTextIter(), end = GtkTextIter()
+    gtk_text_buffer_get_bounds(buffer, &start, &end)
+    let text = gtk_text_buffer_get_text(buffer, &start, &end, 0)
+    defer { g_free(text) }
+    say("the text is now: \(text.map { String(cString: $0) } ?? "")")
 }
 @MainActor func showWindow(_ broker: BrokerConnection) {
     let window = gtk_window_new()!
