@@ -101,18 +101,14 @@ enum Experiments {
                     libraryUpdateSession: @escaping (String) async throws -> () async throws -> UInt64,
                     timedEcho: @escaping () async throws -> UInt64) async throws -> [String] {
         var lines: [String] = []
-        try world.source.send("begin")
-        guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin") || $0.hasPrefix("ERR") }),
-              begun.hasPrefix("OK begin ") else { throw BenchError("the second drag failed") }
+        let begun = try world.sourceToken("begin", "the second drag failed")
         let raw = try RawDestination(address: world.address)
         defer { raw.close() }
-        try await raw.join(token: String(begun.dropFirst("OK begin ".count)))
-        try world.source.send("rawbegin")
-        guard let rawBegun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK rawbegin") || $0.hasPrefix("ERR") }),
-              rawBegun.hasPrefix("OK rawbegin ") else { throw BenchError("the raw source's drag failed") }
+        try await raw.join(token: begun)
+        let rawBegun = try world.sourceToken("rawbegin", "the raw source's drag failed")
         let rawBoth = try RawDestination(address: world.address)
         defer { rawBoth.close() }
-        try await rawBoth.join(token: String(rawBegun.dropFirst("OK rawbegin ".count)))
+        try await rawBoth.join(token: rawBegun)
         let rawBroker: (Int) async throws -> Double = { size in
             let start = monotonicNanos()
             let fd = try await raw.load(size == BenchSizes.gib1 ? BenchTypes.data1G : BenchTypes.data256M)
@@ -191,10 +187,7 @@ enum Experiments {
         // Update before a drop: two more drags, one proposed to through the library, one raw.
         var tokens: [String] = []
         for _ in 0..<2 {
-            try world.source.send("begin")
-            guard let line = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin") || $0.hasPrefix("ERR") }),
-                  line.hasPrefix("OK begin ") else { throw BenchError("another drag failed") }
-            tokens.append(String(line.dropFirst("OK begin ".count)))
+            tokens.append(try world.sourceToken("begin", "another drag failed"))
         }
         let libraryUpdate = try await libraryUpdateSession(tokens[0])
         let rawUpdater = try RawDestination(address: world.address)

@@ -49,6 +49,17 @@ enum Orchestrator {
         let stateDirectory: URL
         /// The daemon's policy directory, for drop-ins a section applies with a reload.
         let policyDirectory: URL
+
+        /// Asks the source for another drag or entry (`begin`, `rawbegin`, `copy`) and returns
+        /// the token of its `OK <command> <token>` answer; `failure` says what did not happen.
+        func sourceToken(_ command: String, _ failure: String) throws -> String {
+            try source.send(command)
+            let ok = "OK \(command) "
+            guard let line = source.stdout.take(timeout: 30, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
+                throw BenchError("\(failure)\n\(source.diagnostics())")
+            }
+            return String(line.dropFirst(ok.count))
+        }
     }
 
     /// The private bus, the daemon (beside this binary), and this binary again as the source.
@@ -177,12 +188,7 @@ enum Orchestrator {
         // first byte, in a paste; and from the Paste call itself, each iteration a paste of its
         // own (concluded, untimed, before the next), to show what the user's act adds.
         progress("(g) Paste, then Load to first byte, vs echo; and Paste → first byte, a paste each time")
-        try world.source.send("copy")
-        guard let copied = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK copy ") || $0.hasPrefix("ERR") }),
-              copied.hasPrefix("OK copy ") else {
-            throw BenchError("the source could not copy: \(world.source.stdout.tail(5))")
-        }
-        let entry = try await connection.presentToken(String(copied.dropFirst("OK copy ".count)))
+        let entry = try await connection.presentToken(try world.sourceToken("copy", "the source could not copy"))
         let paste = try await entry.paste()
         let pasteFirstByte = try await measurePaired(op: { try await timeToFirstByte(from: paste) }, echo: ping)
         try await paste.conclude()
@@ -305,12 +311,7 @@ enum Orchestrator {
         // (f) Update on a second drag of the source's, quiet and then under a flood of refused
         // calls from another app; after the others, so the flood's aftermath touches none of them.
         progress("(f) Update p99 quiet, then under a flood of refused calls from \(Flood.connections) connections of another app for \(Flood.seconds) s")
-        try world.source.send("begin")
-        guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin ") || $0.hasPrefix("ERR") }),
-              begun.hasPrefix("OK begin ") else {
-            throw BenchError("the source did not begin a second drag\n\(world.source.diagnostics())")
-        }
-        let victim = try await connection.presentToken(String(begun.dropFirst("OK begin ".count)))
+        let victim = try await connection.presentToken(try world.sourceToken("begin", "the source did not begin a second drag"))
         guard try await victim.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
         let flood = try await Flood.run(world: world) {
             let start = monotonicNanos()
@@ -381,12 +382,7 @@ enum Orchestrator {
     static func dragRate(world: World, connection: BrokerConnection) async throws -> Double {
         let start = monotonicNanos()
         for _ in 0..<dragRateCount {
-            try world.source.send("begin")
-            guard let begun = world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK begin ") || $0.hasPrefix("ERR") }),
-                  begun.hasPrefix("OK begin ") else {
-                throw BenchError("the source did not begin a drag\n\(world.source.diagnostics())")
-            }
-            let drop = try await connection.presentToken(String(begun.dropFirst("OK begin ".count)))
+            let drop = try await connection.presentToken(try world.sourceToken("begin", "the source did not begin a drag"))
             guard try await drop.enter(proposing: .copy) == .copy, try await drop.performDrop() == .copy else {
                 throw BenchError("the drag was not dropped as a copy")
             }

@@ -31,6 +31,24 @@ enum SourceRole {
         output.withLock { try? $0.write(contentsOf: Data((line + "\n").utf8)) }
     }
 
+    /// Runs `work` in a task while the input thread waits, and answers `OK <command> <its
+    /// result>` or `ERR <command> <why>`.
+    static func answer(_ command: String, _ work: @escaping @Sendable () async throws -> String) {
+        let answer = Mutex("")
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            do {
+                let result = try await work()
+                answer.withLock { $0 = "OK \(command) \(result)" }
+            } catch {
+                answer.withLock { $0 = "ERR \(command) \(error)" }
+            }
+            done.signal()
+        }
+        done.wait()
+        emit(answer.withLock { $0 })
+    }
+
     static func run(plainPipePath: String) async -> Never {
         Kernel.ignoreSIGPIPE()
         do {
@@ -96,52 +114,22 @@ enum SourceRole {
                         if let failure = failure.withLock({ $0 }) { emit("ERR plain \(failure)") } else { emit("OK plain \(size)") }
                     case "begin":
                         // Experiment: a second drag of the same item, for a raw destination.
-                        let answer = Mutex("")
-                        let done = DispatchSemaphore(value: 0)
-                        Task {
-                            do {
-                                let second = try await connection.beginDrag(items: [DragItem(itemProvider: provider)])
-                                answer.withLock { $0 = "OK begin \(second.token)" }
-                            } catch {
-                                answer.withLock { $0 = "ERR begin \(error)" }
-                            }
-                            done.signal()
-                        }
-                        done.wait()
-                        emit(answer.withLock { $0 })
+                        answer("begin") { try await connection.beginDrag(items: [DragItem(itemProvider: provider)]).token }
                     case "copy":
                         // The same item on the broker's pasteboard, for the paste measurement.
-                        let answer = Mutex("")
-                        let done = DispatchSemaphore(value: 0)
-                        Task {
-                            do {
-                                let entry = try await connection.copy(items: [DragItem(itemProvider: provider)])
-                                entries.withLock { $0.append(entry) }
-                                answer.withLock { $0 = "OK copy \(entry.token)" }
-                            } catch {
-                                answer.withLock { $0 = "ERR copy \(error)" }
-                            }
-                            done.signal()
+                        answer("copy") {
+                            let entry = try await connection.copy(items: [DragItem(itemProvider: provider)])
+                            entries.withLock { $0.append(entry) }
+                            return entry.token
                         }
-                        done.wait()
-                        emit(answer.withLock { $0 })
                     case "rawbegin":
                         // Experiment: a drag begun by a library-free source in this process.
-                        let answer = Mutex("")
-                        let done = DispatchSemaphore(value: 0)
-                        Task {
-                            do {
-                                let raw = try RawSource(address: ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"] ?? "")
-                                let token = try await raw.begin(memfd: memfdNumber, small: small)
-                                rawSources.withLock { $0.append(raw) }
-                                answer.withLock { $0 = "OK rawbegin \(token)" }
-                            } catch {
-                                answer.withLock { $0 = "ERR rawbegin \(error)" }
-                            }
-                            done.signal()
+                        answer("rawbegin") {
+                            let raw = try RawSource(address: ProcessInfo.processInfo.environment["DRAGBROKER_BUS_ADDRESS"] ?? "")
+                            let token = try await raw.begin(memfd: memfdNumber, small: small)
+                            rawSources.withLock { $0.append(raw) }
+                            return token
                         }
-                        done.wait()
-                        emit(answer.withLock { $0 })
                     case "quit":
                         exit(0)
                     default:
