@@ -434,12 +434,9 @@ public actor BrokerConnection {
         return try join(at: path)
     }
 
-    /// This connection's paste of an entry: a session it loads from as after a drop.
-    func joinPaste(at path: String) throws(BrokerError) -> DropSession {
-        try join(at: path)
-    }
-
-    private func join(at path: String) throws(BrokerError) -> DropSession {
+    /// The destination's side of a session this connection takes part in: one it presented
+    /// the token of, or its own paste of an entry.
+    func join(at path: String) throws(BrokerError) -> DropSession {
         if case .destination(let existing) = routes[path]?.role { return existing }
         let session = DropSession(connection: self, path: path)
         try route(path, to: .destination(session))

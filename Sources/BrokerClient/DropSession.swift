@@ -41,7 +41,7 @@ public final class DropSession: Sendable {
     /// it, then `conclude`. Each call is another paste, with its own record.
     public func paste() async throws(BrokerError) -> DropSession {
         let path = try await call(.paste, decode: { reply throws(BusError) in try reply.readObjectPath() })
-        return try await connection.joinPaste(at: path)
+        return try await connection.join(at: path)
     }
 
     /// The items, with only the types this app may see: enough for "can handle" decisions.

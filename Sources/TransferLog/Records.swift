@@ -32,8 +32,10 @@ public struct SessionRecord: Sendable, Codable, Equatable, MicrosecondDatedRecor
         sessionID.contains("_") ? "paste" : "drag"
     }
 
-    /// The channel data of this kind moves through, as flow rules and the journal name it.
-    public var channel: String { kind == "drag" ? "drag" : "paste" }
+    /// The channel data of a session of `kind` moves through, as flow rules and the journal name it.
+    public static func channel(ofKind kind: String) -> String { kind == "drag" ? "drag" : "paste" }
+
+    public var channel: String { Self.channel(ofKind: kind) }
 
     public init(
         sessionID: String, kind: String? = nil, sourceApp: String, destinationApp: String?, itemCount: Int,
@@ -59,6 +61,9 @@ public struct SessionRecord: Sendable, Codable, Equatable, MicrosecondDatedRecor
 /// start).
 public struct LoadRecord: Sendable, Codable, Equatable, MicrosecondDatedRecord, PersistableRecord {
     public static let databaseTableName = "load"
+
+    /// The channel its bytes moved through, from its session's ID.
+    public var channel: String { SessionRecord.channel(ofKind: SessionRecord.kind(ofSessionWithLoads: sessionID)) }
 
     /// Assigned by SQLite; nil until the record has been written.
     public var id: Int64?

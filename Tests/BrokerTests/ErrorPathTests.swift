@@ -70,6 +70,12 @@ final class ErrorPathTests: XCTestCase {
             try m.closeContainer()
         }
         XCTAssertEqual(failure(addItems), BrokerError(.limitExceeded, "A session holds at most 2 items; session s1 has 2").busError)
+        // The drag's own source may not paste it, nor ask what it may offer on a clipboard.
+        for (member, message) in [(SessionMember.paste, "Session s1 is a drag: Paste is for pasteboard entries; a drag is dropped with PerformDrop"),
+                                  (.clearOffers, "Session s1 is no pasteboard entry: only an entry's representations are offered on the clipboard")] {
+            XCTAssertEqual(failure(probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, member.name)),
+                           BrokerError(.wrongState, message).busError)
+        }
         XCTAssertEqual(begin(probe).errorName, "OK")
         XCTAssertEqual(failure(begin(probe)), BrokerError(.limitExceeded, "The broker holds 2 sessions, its limit").busError)
 

@@ -29,6 +29,8 @@ final class PasteTests: XCTestCase {
         XCTAssertEqual(notes.run("load 0 text/plain"),
                        err(.wrongState, "Session s1 is a pasteboard entry: call Paste, then Load from the session it returns"))
         XCTAssertEqual(notes.run("enter copy"), err(.wrongState, "Session s1 is a pasteboard entry: Enter is for drags; paste it with Paste"))
+        XCTAssertEqual(notes.run("update copy"), err(.wrongState, "Session s1 is a pasteboard entry: Update is for drags; paste it with Paste"))
+        XCTAssertEqual(notes.run("exit"), err(.wrongState, "Session s1 is a pasteboard entry: Exit is for drags; paste it with Paste"))
         XCTAssertEqual(notes.run("drop"), err(.wrongState, "Session s1 is a pasteboard entry: PerformDrop is for drags; paste it with Paste"))
         XCTAssertEqual(notes.run("conclude"), err(.wrongState, "Session s1 is a pasteboard entry: Conclude the session that Paste returned"))
         XCTAssertEqual(source.handlerCalls, [], "nothing is asked of the provider before a paste loads")

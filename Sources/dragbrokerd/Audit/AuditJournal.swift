@@ -22,7 +22,7 @@ enum AuditJournal {
             ("PRIORITY", load.outcome == "completed" ? "6" : "5"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", load.sessionID),
-            ("DRAGBROKER_CHANNEL", SessionRecord.kind(ofSessionWithLoads: load.sessionID) == "drag" ? "drag" : "paste"),
+            ("DRAGBROKER_CHANNEL", load.channel),
             ("DRAGBROKER_SOURCE_APP", load.sourceApp),
             ("DRAGBROKER_SOURCE_TEAM", load.sourceTeam ?? ""),
             ("DRAGBROKER_DESTINATION_APP", load.destinationApp),

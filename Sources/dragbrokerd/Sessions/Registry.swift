@@ -103,9 +103,11 @@ final class Registry {
 
     private func register(_ session: Session) {
         sessions[session.id] = session
-        for party in Set([session.source.uniqueName, session.owner.uniqueName]) { byParty[party, default: []].insert(session.id) }
-        ownerCounts[session.owner.uniqueName, default: 0] += 1
-        quota.sessionBegan(by: session.owner)
+        let owner = session.owner
+        byParty[session.source.uniqueName, default: []].insert(session.id)
+        if owner.uniqueName != session.source.uniqueName { byParty[owner.uniqueName, default: []].insert(session.id) }
+        ownerCounts[owner.uniqueName, default: 0] += 1
+        quota.sessionBegan(by: owner)
         deliver(session, .began)
     }
 

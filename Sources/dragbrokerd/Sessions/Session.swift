@@ -249,6 +249,12 @@ final class Session {
         }
     }
 
+    /// The first thing the policy hides from `destination` that it could otherwise see, if any.
+    private func firstFlowDenial(to destination: AppIdentity, flow: FlowView) -> (type: String, rule: FlowRule)? {
+        var denials = flowDenials(to: destination, flow: flow).makeIterator()
+        return denials.next()
+    }
+
     /// Reports once per destination what the policy hides from it that it could otherwise see.
     private func reportFlowDenials(to destination: AppIdentity, flow: FlowView) {
         guard !flowDenialsReported.contains(destination.uniqueName) else { return }
@@ -275,8 +281,7 @@ final class Session {
         if proposal != .cancel && hasDroppable(for: destination, flow: flow) {
             return allowedOperation(for: proposal, by: destination)
         }
-        var denials = flowDenials(to: destination, flow: flow).makeIterator()
-        return denials.next() != nil ? .forbidden : .cancel
+        return firstFlowDenial(to: destination, flow: flow) != nil ? .forbidden : .cancel
     }
 
     /// The operation the broker will allow for `proposal` by `destination`: a move is
@@ -427,8 +432,7 @@ final class Session {
                                             : "Session \(id) is a paste: call Paste on its pasteboard entry")
         }
         guard hasDroppable(for: caller, flow: flow) else {
-            var denials = flowDenials(to: caller, flow: flow).makeIterator()
-            if let (_, rule) = denials.next() {
+            if let (_, rule) = firstFlowDenial(to: caller, flow: flow) {
                 var error = BrokerError.accessDenied(
                     "The administrator's policy forbids pasting from \(source.appID) to \(caller.appID) (rule at \(rule.origin))")
                 error.rule = "\(rule.origin)"
