@@ -1,3 +1,4 @@
+import BrokerProtocol
 import BusKit
 import Foundation
 
@@ -68,6 +69,42 @@ final class BusProbe {
     func introspect(_ destination: String, _ path: String) throws -> String {
         let reply = try call(destination, path, "org.freedesktop.DBus.Introspectable", "Introspect").get()
         return try reply.readString()
+    }
+}
+
+extension BusProbe {
+    /// `BeginSession`, or with `member` `Copy`, which takes the same arguments.
+    func begin(items: Int = 1, kind: String = "data", member: ManagerMember = .beginSession,
+               options: [(String, String, @Sendable (Message) throws(BusError) -> Void)] = []) -> Result<Message, BusError> {
+        call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, member.name) { m throws(BusError) in
+            try m.openContainer("a", ItemDescriptor.signature)
+            for _ in 0..<items {
+                try m.openContainer("r", "sdda(sss)")
+                try m.append("x")
+                try m.append(0.0)
+                try m.append(0.0)
+                try m.openContainer("a", "(sss)")
+                try m.openContainer("r", "sss")
+                try m.append("text/plain")
+                try m.append("all")
+                try m.append(kind)
+                try m.closeContainer()
+                try m.closeContainer()
+                try m.closeContainer()
+            }
+            try m.closeContainer()
+            try m.openContainer("a", "{sv}")
+            for (key, type, append) in options {
+                try m.openContainer("e", "sv")
+                try m.append(key)
+                try m.openContainer("v", type)
+                try append(m)
+                try m.closeContainer()
+                try m.closeContainer()
+            }
+            try m.closeContainer()
+            try m.append(objectPath: "/org/dragbroker/Provider1/p1")
+        }
     }
 }
 

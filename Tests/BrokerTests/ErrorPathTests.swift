@@ -10,58 +10,24 @@ final class ErrorPathTests: XCTestCase {
         return nil
     }
 
-    /// `BeginSession`, or with `member` `Copy`, which takes the same arguments.
-    func begin(_ probe: BusProbe, items: Int = 1, kind: String = "data", member: ManagerMember = .beginSession,
-               options: [(String, String, @Sendable (Message) throws(BusError) -> Void)] = []) -> Result<Message, BusError> {
-        probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, member.name) { m throws(BusError) in
-            try m.openContainer("a", ItemDescriptor.signature)
-            for _ in 0..<items {
-                try m.openContainer("r", "sdda(sss)")
-                try m.append("x")
-                try m.append(0.0)
-                try m.append(0.0)
-                try m.openContainer("a", "(sss)")
-                try m.openContainer("r", "sss")
-                try m.append("text/plain")
-                try m.append("all")
-                try m.append(kind)
-                try m.closeContainer()
-                try m.closeContainer()
-                try m.closeContainer()
-            }
-            try m.closeContainer()
-            try m.openContainer("a", "{sv}")
-            for (key, type, append) in options {
-                try m.openContainer("e", "sv")
-                try m.append(key)
-                try m.openContainer("v", type)
-                try append(m)
-                try m.closeContainer()
-                try m.closeContainer()
-            }
-            try m.closeContainer()
-            try m.append(objectPath: "/org/dragbroker/Provider1/p1")
-        }
-    }
-
     func testArgumentsAndLimits() throws {
         let world = try World { _ in "[Limits]\nItemsPerSession=2\nSessionsTotal=2\n" }
         let probe = try BusProbe(address: world.bus.address)
-        XCTAssertEqual(failure(begin(probe, kind: "stream")),
+        XCTAssertEqual(failure(probe.begin(kind: "stream")),
                        BrokerError(.invalidArgument, "Unknown kind 'stream' for type 'text/plain': expected data or file").busError)
-        XCTAssertEqual(failure(begin(probe, options: [("AllowsMove", "s", { m throws(BusError) in try m.append("yes") })])),
+        XCTAssertEqual(failure(probe.begin(options: [("AllowsMove", "s", { m throws(BusError) in try m.append("yes") })])),
                        BrokerError(.invalidArgument, "Option 'AllowsMove' must be a boolean (variant of type 'b')").busError)
-        XCTAssertEqual(failure(begin(probe, items: 3)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
-        XCTAssertEqual(failure(begin(probe, member: .copy, options: [("AllowsMove", "b", { m throws(BusError) in try m.append(true) })])),
+        XCTAssertEqual(failure(probe.begin(items: 3)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
+        XCTAssertEqual(failure(probe.begin(member: .copy, options: [("AllowsMove", "b", { m throws(BusError) in try m.append(true) })])),
                        BrokerError(.invalidArgument, "Unknown pasteboard option 'AllowsMove': expected RestrictedToApp or ExpirationSec").busError)
         for (type, value) in [("u", UInt32(0)), ("t", UInt32(60))] {
-            XCTAssertEqual(failure(begin(probe, member: .copy, options: [("ExpirationSec", type, { m throws(BusError) in
+            XCTAssertEqual(failure(probe.begin(member: .copy, options: [("ExpirationSec", type, { m throws(BusError) in
                 if type == "u" { try m.append(value) } else { try m.append(UInt64(value)) }
             })])), BrokerError(.invalidArgument, "Option 'ExpirationSec' must be a positive number of seconds (variant of type 'u')").busError)
         }
-        XCTAssertEqual(failure(begin(probe, items: 3, member: .copy)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
+        XCTAssertEqual(failure(probe.begin(items: 3, member: .copy)), BrokerError(.limitExceeded, "A session holds at most 2 items").busError)
 
-        let first = try begin(probe, items: 2).get()
+        let first = try probe.begin(items: 2).get()
         let path = try first.readObjectPath()
         let token = try first.readString()
         let addItems = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "AddItems") { m throws(BusError) in
@@ -76,8 +42,8 @@ final class ErrorPathTests: XCTestCase {
             XCTAssertEqual(failure(probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, member.name)),
                            BrokerError(.wrongState, message).busError)
         }
-        XCTAssertEqual(begin(probe).errorName, "OK")
-        XCTAssertEqual(failure(begin(probe)), BrokerError(.limitExceeded, "The broker holds 2 sessions, its limit").busError)
+        XCTAssertEqual(probe.begin().errorName, "OK")
+        XCTAssertEqual(failure(probe.begin()), BrokerError(.limitExceeded, "The broker holds 2 sessions, its limit").busError)
 
         // The probe is this session's source; a separate app presents the token.
         let setSize = probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, "SetExpectedSize") { m throws(BusError) in

@@ -209,6 +209,55 @@ final class PasteTests: XCTestCase {
         XCTAssertEqual(source.run("withdraw"), "OK", "the source's share is untouched by the pastes")
     }
 
+    /// An entry lives for days and its token is readable by every X11 client: lookers must not
+    /// lock it. At `DestinationsPerSession=` it forgets the one that presented longest ago, which
+    /// presents again and pastes; a drag at the same bound still refuses the newcomer.
+    func testAFullEntryForgetsTheDestinationThatLookedLongestAgo() throws {
+        let world = try World { _ in "[Limits]\nDestinationsPerSession=2\n" }
+        let source = try world.peer("source-app")
+        let first = try world.peer("first-app")
+        let second = try world.peer("second-app")
+        let third = try world.peer("third-app")
+        let (token, entry) = try copy(source, Self.hello)
+        XCTAssertEqual(first.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(second.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(first.run("present \(token)"), "OK \(entry)", "presenting again counts as looking now")
+        XCTAssertEqual(third.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(second.run("conforming text/plain"),
+                       err(.accessDenied, "Present the session token with PresentToken before using session s1"))
+        XCTAssertEqual(first.run("conforming text/plain"), "OK 0", "the one that looked last is kept")
+        XCTAssertEqual(second.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(second.run("paste"), "OK \(entry)_1")
+        XCTAssertEqual(second.run("load 0 text/plain"), "OK 11 \(Self.helloBase64)")
+        XCTAssertEqual(second.run("conclude"), "OK")
+
+        let (dragToken, _) = try source.begin(Self.hello)
+        XCTAssertEqual(first.run("present \(dragToken)"), "OK /org/dragbroker/Broker1/session/s2")
+        XCTAssertEqual(second.run("present \(dragToken)"), "OK /org/dragbroker/Broker1/session/s2")
+        XCTAssertEqual(third.run("present \(dragToken)"), err(.limitExceeded, "Session s2 already has 2 destinations"))
+        XCTAssertEqual(first.run("enter copy"), "OK copy", "a drag keeps every destination it admitted")
+    }
+
+    /// The source may stop serving one paste: its destination hears why, and the entry lives on.
+    func testTheSourceCancelsOnePasteAndTheEntryLivesOn() throws {
+        let world = try World()
+        let source = try BusProbe(address: world.bus.address)
+        let paster = try world.peer("paster-app")
+        let copied = try source.begin(member: .copy).get()
+        let entry = try copied.readObjectPath()
+        let token = try copied.readString()
+        XCTAssertEqual(paster.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(paster.run("paste"), "OK \(entry)_1")
+        let cancel = source.call(BrokerNames.busName, entry + "_1", BrokerNames.sessionInterface, SessionMember.cancel.name)
+        XCTAssertEqual(cancel.errorName, "OK")
+        let ended = paster.stdout.take { $0.hasPrefix("EVENT paste ended") }
+        XCTAssertEqual(ended, "EVENT paste ended copy \(BrokerErrorCode.cancelled.busName)")
+        XCTAssertEqual(paster.stdout.take { $0.hasPrefix("WHY") }, "WHY The source cancelled the paste")
+        XCTAssertEqual(paster.run("load 0 text/plain"), err(.notFound, "No live session at \(entry)_1: it ended or never existed"))
+        XCTAssertEqual(paster.run("unpaste"), "OK")
+        XCTAssertEqual(paster.run("paste"), "OK \(entry)_2", "the entry is still on the pasteboard")
+    }
+
     /// What may go on the clipboard in the clear is the broker's answer: representations any app
     /// may see that no flow rule keeps from an unknown app, of the first item only; none at all
     /// when the administrator says `ClearOffers=no`, and only the entry's source may ask.

@@ -107,6 +107,7 @@ final class Peer: Sendable {
                     for await event in paste.events {
                         if case .loadProgress = event { continue }
                         emit("EVENT paste \(describe(event))")
+                        if case .ended(_, let error?) = event { emit("WHY \(error.message)") }
                     }
                 }
                 return "OK \(paste.path)"

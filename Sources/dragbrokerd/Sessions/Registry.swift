@@ -117,8 +117,9 @@ final class Registry {
               session.isVisible(to: caller) else {
             throw .notFound("No live session has this token")
         }
-        if try session.admit(caller, limit: limits.destinationsPerSession, flow: flow) {
+        if case .joined(let evicted) = try session.admit(caller, limit: limits.destinationsPerSession, flow: flow) {
             byParty[caller.uniqueName, default: []].insert(session.id)
+            if let evicted { forgetParty(evicted, of: session) }
         }
         return session
     }
@@ -244,14 +245,19 @@ final class Registry {
     private func forget(_ session: Session) {
         guard sessions.removeValue(forKey: session.id) != nil else { return }
         byToken.removeValue(forKey: session.token.selector)
-        for party in [session.source.uniqueName] + session.destinations.keys {
-            byParty[party]?.remove(session.id)
-            if byParty[party]?.isEmpty == true { byParty.removeValue(forKey: party) }
-        }
+        forgetParty(session.source.uniqueName, of: session)
+        for party in session.destinations.keys { forgetParty(party, of: session) }
         let owner = session.owner
         quota.sessionEnded(by: owner)
         ownerCounts[owner.uniqueName, default: 1] -= 1
         if ownerCounts[owner.uniqueName] == 0 { ownerCounts.removeValue(forKey: owner.uniqueName) }
+    }
+
+    /// `party` takes no part in `session` any more.
+    private func forgetParty(_ party: String, of session: Session) {
+        guard let index = byParty.index(forKey: party) else { return }
+        byParty.values[index].remove(session.id)
+        if byParty.values[index].isEmpty { byParty.remove(at: index) }
     }
 
     /// s2 before s10: the order sessions were begun in.

@@ -93,6 +93,18 @@ final class Session {
         /// Its own Enter, not yet followed by its own Exit: what its Update and PerformDrop
         /// need, whatever any other destination calls.
         var entered = false
+        /// When it last presented the token, in the order of the session's presentations: an
+        /// entry makes room for a newcomer by forgetting the one that looked longest ago.
+        var presented: UInt64 = 0
+    }
+
+    /// What presenting the token did.
+    enum Admission: Equatable {
+        /// It had presented before; it only counts as looking now.
+        case again
+        /// It joined now. On a full pasteboard entry, `evicting` is the destination forgotten to
+        /// make room.
+        case joined(evicting: String?)
     }
 
     let id: String
@@ -117,6 +129,8 @@ final class Session {
     private var nextLoadID: UInt32 = 1
     /// An entry's pastes so far: each paste's ID is the entry's, `_`, and its number.
     private var pasteCount = 0
+    /// Presentations so far, which order `Destination.presented`.
+    private var presentations: UInt64 = 0
     /// Bytes of loads already finished, for the session's aggregate progress.
     private(set) var finishedBytes: UInt64 = 0
     private(set) var isOver = false
@@ -326,16 +340,29 @@ final class Session {
 
     // MARK: Destination
 
-    /// A destination presented the token. Returns whether it joined only now.
+    /// A destination presented the token. A drag refuses destinations past `limit`: it lives
+    /// only as long as the pointer is held. A pasteboard entry lives for days and its token is
+    /// readable by any X11 client, so looking must not lock it: at `limit` it forgets the
+    /// destination that presented longest ago, which presents again if it comes back (a paste
+    /// is a session of its own, so nothing else is lost).
     @discardableResult
-    func admit(_ caller: AppIdentity, limit: Int, flow: FlowView) throws(BrokerError) -> Bool {
-        guard destinations[caller.uniqueName] == nil else { return false }
-        guard destinations.count < limit else {
-            throw .limitExceeded("Session \(id) already has \(destinations.count) destinations")
+    func admit(_ caller: AppIdentity, limit: Int, flow: FlowView) throws(BrokerError) -> Admission {
+        presentations += 1
+        if destinations[caller.uniqueName] != nil {
+            destinations[caller.uniqueName]?.presented = presentations
+            return .again
         }
-        destinations[caller.uniqueName] = Destination(identity: caller)
+        var evicted: String?
+        if destinations.count >= limit {
+            guard state == .copied, let oldest = destinations.min(by: { $0.value.presented < $1.value.presented })?.key else {
+                throw .limitExceeded("Session \(id) already has \(destinations.count) destinations")
+            }
+            destinations.removeValue(forKey: oldest)
+            evicted = oldest
+        }
+        destinations[caller.uniqueName] = Destination(identity: caller, presented: presentations)
         reportFlowDenials(to: caller, flow: flow)
-        return true
+        return .joined(evicting: evicted)
     }
 
     /// What the drag offers `caller` decides its answer: with nothing it may drop, a copy or a
