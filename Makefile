@@ -29,6 +29,7 @@ interfaces:
 bench: deps
 	$(SWIFT) build -c release --product dragbrokerd
 	$(SWIFT) build -c release --product dragbroker-bench
+	$(SWIFT) build -c release --product dragbroker-bench-c
 	.build/release/dragbroker-bench
 
 # `make && sudo make install`: binaries, the user unit, D-Bus activation, completions,

@@ -101,6 +101,14 @@ let package = Package(
                            .product(name: "SystemPackage", package: "swift-system")],
             path: "Sources/Bench"
         ),
+        // `make bench`'s yardstick: the calls BrokerClient makes for a drop, from plain C on
+        // sd-bus, so the bench can print what the library adds (`client_*_vs_c`).
+        .executableTarget(
+            name: "dragbroker-bench-c",
+            path: "Sources/BenchCClient",
+            cSettings: [.unsafeFlags(["-Wall", "-Wextra", "-Werror"])],
+            linkerSettings: [.linkedLibrary("systemd")]
+        ),
         // `make interfaces`: the published XML, written from the interface tables.
         .executableTarget(
             name: "generate-interfaces",

@@ -44,6 +44,8 @@ enum Orchestrator {
         let token: String
         let plainRead: Int32
         let plainPipeSize: Int32
+        /// Section (i)'s plain pipes, read here; the source writes them.
+        let concurrentReadEnds: [Int32]
         let daemonPID: pid_t
         /// The daemon's state directory, where its transfer log is.
         let stateDirectory: URL
@@ -102,8 +104,9 @@ enum Orchestrator {
         try? plainPipe.readEnd.setPipeCapacity(1 << 20)
         let plainPipeSize = (try? plainPipe.readEnd.pipeCapacity()) ?? 0
 
+        let concurrentPipes = try Concurrent.Pipes.make()
         let source = try Child(name: "source", executable: executable,
-                               arguments: ["source", "/proc/\(getpid())/fd/\(fds[1])"],
+                               arguments: ["source", "/proc/\(getpid())/fd/\(fds[1])", concurrentPipes.writePaths],
                                environment: path.merging(["DRAGBROKER_BUS_ADDRESS": address]) { $1 })
         Cleanup.shared.add(source)
         // Allocating and sealing the 1 GiB memfd takes a moment.
@@ -113,10 +116,11 @@ enum Orchestrator {
         }
         // From now on only the source holds the write end: if it dies, reads see end of file.
         close(fds[1])
+        concurrentPipes.closeWriteEnds()
         let words = ready.split(separator: " ").map(String.init)
         guard words.count == 3 else { throw BenchError("unexpected line from the source: \(ready)") }
         return World(address: address, source: source, sourceName: words[1], token: words[2],
-                     plainRead: fds[0], plainPipeSize: plainPipeSize, daemonPID: daemon.pid, stateDirectory: state,
+                     plainRead: fds[0], plainPipeSize: plainPipeSize, concurrentReadEnds: concurrentPipes.readEnds, daemonPID: daemon.pid, stateDirectory: state,
                      policyDirectory: policy)
     }
 
@@ -159,12 +163,24 @@ enum Orchestrator {
         }, echo: ping)
 
         guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
+        // (h) The same calls from a plain C client, each right after the library's.
+        progress("(h) the C client: Update round trip")
+        let baseline = try CBaseline(world: world)
+        let cUpdate = try baseline.measure("update")
+        try baseline.drop()
+        // The echo again, timed where the reply lands (on the loop's thread): the difference to
+        // the echo above is the cost of the hops between the caller's task and the loop.
+        let echoOnLoop = try await measurePaired(op: { try await echo.pingOnLoop(sourceName) }, echo: ping)
 
         // (c) From issuing Load to the first byte in the destination's hands, for a 4 KiB
         // data representation, through `loadStream` (the first chunk it yields).
         progress("(c) Load to first byte (\(BenchSizes.small)-byte data representation, loadStream) vs echo")
         let firstByteOp: () async throws -> UInt64 = { try await timeToFirstByte(from: drop) }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
+        progress("(h) the C client: Load to first byte")
+        let cFirstByte = try baseline.measure("firstbyte")
+        // Gone before the drags in a row are counted, which it would share the machine with.
+        try baseline.finish()
 
         // (c') The same under FailClosed=yes: the source is asked only once the load's start
         // record committed, so the commit is on the path instead of beside it.
@@ -213,7 +229,9 @@ enum Orchestrator {
             _ = world.source.waitForExit(timeout: 10)
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
                     "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
-                    "(d) Update", pairLine(update)] + rateLines + pasteLines + [
+                    "(d) Update", pairLine(update)] + rateLines + pasteLines
+                    + { $0.lines + $0.keys }(baselineLines(update: (update, cUpdate), firstByte: (firstByte, cFirstByte), handover: nil,
+                                                           echoOnLoop: echoOnLoop)) + [
                     "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
                     "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
                     "update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))"]
@@ -238,6 +256,11 @@ enum Orchestrator {
             return elapsed
         }
         let handover = try await measurePaired(op: handoverOp, echo: ping)
+        progress("(h) the C client: file handover")
+        let handoverBaseline = try CBaseline(world: world)
+        try handoverBaseline.drop()
+        let cHandover = try handoverBaseline.measure("handover")
+        try handoverBaseline.finish()
 
         // (a) Throughput, last: broker and plain pipe runs interleaved (ABBA order) so drift
         // and noise fall on both alike.
@@ -286,6 +309,8 @@ enum Orchestrator {
             }
             repetitions += 1
         }
+
+        let concurrent = try await Concurrent.run(world: world, connection: connection, devNull: devNull)
 
         var experiments: [String] = []
         if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_EXPERIMENTS"] != nil {
@@ -360,6 +385,10 @@ enum Orchestrator {
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
         report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
+        let cLines = baselineLines(update: (update, cUpdate), firstByte: (firstByte, cFirstByte), handover: (handover, cHandover),
+                                   echoOnLoop: echoOnLoop)
+        report += cLines.lines
+        report += concurrent.lines
         report += flood.lines
         report += scale.lines
         report += experiments
@@ -371,9 +400,28 @@ enum Orchestrator {
         report += rateLines.suffix(2)
         report += pasteLines.suffix(2)
         report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
+        report += cLines.keys
+        report += concurrent.keys
         report.append(flood.key)
         report += scale.keys
         return report
+    }
+
+    /// (h): the C client's figures beside the library's, and the library's p50 over C's.
+    static func baselineLines(update: (Paired, CBaseline.Figures), firstByte: (Paired, CBaseline.Figures),
+                              handover: (Paired, CBaseline.Figures)?, echoOnLoop: Paired) -> (lines: [String], keys: [String]) {
+        var lines = ["(h) the same calls from a plain C client on sd-bus (blocking sd_bus_call, no threads), each measured",
+                     "    right after BrokerClient's; ratio = BrokerClient p50 / C p50",
+                     "  echo timed on the loop's thread (no hop to or from the caller's task) against the echo from a task:",
+                     pairLine(echoOnLoop)]
+        var keys: [String] = []
+        for (name, key, pair) in [("Update", "client_update_vs_c", update), ("Load → first byte", "client_first_byte_vs_c", firstByte)]
+            + (handover.map { [("file handover", "client_handover_vs_c", $0)] } ?? []) {
+            lines.append("  \(name), C:\(pair.1.line)")
+            lines.append("    BrokerClient/C p50 \(format(CBaseline.ratio(pair.0, pair.1), 2))")
+            keys.append("\(key)=\(format(CBaseline.ratio(pair.0, pair.1), 2))")
+        }
+        return (lines, keys)
     }
 
     static let dragRateCount = 300
@@ -477,17 +525,20 @@ final class PlainReader: @unchecked Sendable {
     }
 
     func read(_ size: Int) async throws -> Int {
-        try await offThread { [self] in
-            var total = 0
-            while total < size {
-                let n = Glibc.read(fd, buffer.baseAddress, min(buffer.count, size - total))
-                if n > 0 { total += n; continue }
-                if n == 0 { return total }
-                if errno == EINTR { continue }
-                throw BenchError("read from the plain pipe failed: \(String(cString: strerror(errno)))")
-            }
-            return total
+        try await offThread { [self] in try Self.read(fd, size, into: buffer) }
+    }
+
+    /// Up to `size` bytes from `fd`, read(2) after read(2) into `buffer`, discarded; the count.
+    static func read(_ fd: Int32, _ size: Int, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        var total = 0
+        while total < size {
+            let n = Glibc.read(fd, buffer.baseAddress, min(buffer.count, size - total))
+            if n > 0 { total += n; continue }
+            if n == 0 { return total }
+            if errno == EINTR { continue }
+            throw BenchError("read from the plain pipe failed: \(String(cString: strerror(errno)))")
         }
+        return total
     }
 
     /// Experiment: reads as DescriptorIO.readChunks does, a new Data per chunk, written out.

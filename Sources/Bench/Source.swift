@@ -13,6 +13,10 @@ import SystemPackage
 ///     → READY <unique bus name> <session token>
 ///     ← plain <bytes>        write that many bytes into the plain pipe, 1 MiB per write(2)
 ///     → OK plain <bytes>
+///     ← plainmany <n> <bytes> write that many bytes into each of the first n concurrent pipes at once
+///     → OK plainmany <n> <bytes>
+///     ← begin                another drag of the same item; begin64 a drag of section (i)'s 64 MiB item
+///     → OK begin <token>
 ///     ← copy                 put the same item on the broker's pasteboard
 ///     → OK copy <entry token>
 ///     ← quit (or end of input) exit
@@ -49,7 +53,7 @@ enum SourceRole {
         emit(answer.withLock { $0 })
     }
 
-    static func run(plainPipePath: String) async -> Never {
+    static func run(plainPipePath: String, concurrentPipePaths: [String]) async -> Never {
         Kernel.ignoreSIGPIPE()
         do {
             // Everything is allocated before any timing starts: the 1 MiB chunk every write
@@ -61,8 +65,17 @@ enum SourceRole {
             let plain = open(plainPipePath, O_WRONLY | O_CLOEXEC)
             guard plain >= 0 else { throw BenchError("cannot open the plain pipe \(plainPipePath): \(String(cString: strerror(errno)))") }
 
+            let concurrent = try concurrentPipePaths.map { path in
+                let fd = open(path, O_WRONLY | O_CLOEXEC)
+                guard fd >= 0 else { throw BenchError("cannot open the plain pipe \(path): \(String(cString: strerror(errno)))") }
+                return fd
+            }
+
             let provider = ItemProvider(suggestedName: "bench.bin")
-            for (type, size) in [(BenchTypes.data256M, BenchSizes.mib256), (BenchTypes.data1G, BenchSizes.gib1)] {
+            // Section (i)'s item is one of its own, so every other section's drag is as it was.
+            let concurrentProvider = ItemProvider(suggestedName: "bench-64m.bin")
+            for (provider, type, size) in [(provider, BenchTypes.data256M, BenchSizes.mib256), (provider, BenchTypes.data1G, BenchSizes.gib1),
+                                           (concurrentProvider, BenchTypes.data64M, BenchSizes.mib64)] {
                 let chunks = size / BenchSizes.chunk
                 provider.registerStreamRepresentation(forTypeIdentifier: type) { writer in
                     for _ in 0..<chunks { try await writer.write(chunk) }
@@ -90,6 +103,17 @@ enum SourceRole {
                         } catch {
                             emit("ERR plain \(error)")
                         }
+                    case "plainmany":
+                        guard words.count == 3, let count = Int(words[1]), count <= concurrent.count, let size = Int(words[2]) else {
+                            emit("ERR usage \(line)")
+                            continue
+                        }
+                        do {
+                            try Concurrent.writeAll(Array(concurrent.prefix(count)), size: size, chunk: chunk)
+                            emit("OK plainmany \(count) \(size)")
+                        } catch {
+                            emit("ERR plainmany \(error)")
+                        }
                     case "plainhop":
                         // Experiment: each 1 MiB write hops to a dispatch thread from a task,
                         // as DataWriter.write does.
@@ -115,6 +139,9 @@ enum SourceRole {
                     case "begin":
                         // Experiment: a second drag of the same item, for a raw destination.
                         answer("begin") { try await connection.beginDrag(items: [DragItem(itemProvider: provider)]).token }
+                    case "begin64":
+                        // Section (i): a drag of the 64 MiB item.
+                        answer("begin64") { try await connection.beginDrag(items: [DragItem(itemProvider: concurrentProvider)]).token }
                     case "copy":
                         // The same item on the broker's pasteboard, for the paste measurement.
                         answer("copy") {

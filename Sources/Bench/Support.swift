@@ -10,6 +10,7 @@ import SystemCalls
 enum BenchTypes {
     static let data256M = "application/x-dragbroker-bench-256m"
     static let data1G = "application/x-dragbroker-bench-1g"
+    static let data64M = "application/x-dragbroker-bench-64m"
     static let small = "application/x-dragbroker-bench-small"
     static let file = "application/x-dragbroker-bench-file"
 }
@@ -17,6 +18,7 @@ enum BenchTypes {
 enum BenchSizes {
     static let chunk = 1 << 20
     static let small = 4096
+    static let mib64 = 64 << 20
     static let mib256 = 256 << 20
     static let gib1 = 1 << 30
     static let file = 1 << 30
@@ -87,6 +89,14 @@ actor EchoClient {
     func ping(_ destination: String) async throws(BusError) {
         let message = try bus.newMethodCall(destination: destination, path: "/", interface: "org.freedesktop.DBus.Peer", member: "Ping")
         _ = try await bus.call(message)
+    }
+
+    /// The same round trip timed on the loop's own thread, from before the call is made to
+    /// the reply's arrival there: what the echo costs without the caller's two thread hops.
+    func pingOnLoop(_ destination: String) async throws(BusError) -> UInt64 {
+        let start = monotonicNanos()
+        try await ping(destination)
+        return monotonicNanos() - start
     }
 }
 

@@ -329,7 +329,7 @@ public actor BrokerConnection {
                     if data.count >= 64 << 10 {
                         Task { await announce(sessionPath, load, UInt64(data.count)) }
                     }
-                    try await DescriptorIO.writeAll(data, to: fd)
+                    try await DescriptorIO.writeAll(data, toPipe: fd)
                 case .stream(let writer):
                     try await writer(DataWriter(fd: fd) { [weak self] size in await self?.announce(sessionPath, load, size) })
                 case .file:

@@ -26,6 +26,22 @@ enum DescriptorIO {
         }
     }
 
+    /// Writes all of `data` into `pipe`, the broker's fresh pipe for one load, which stays
+    /// open. When the pipe is empty and holds all of it, the write cannot block (every slot of
+    /// an empty pipe is free, and this process is its only writer), so it is done here, on the
+    /// calling thread: a small representation then costs no hop to a dispatch thread and back,
+    /// which is most of what its first byte costs. Otherwise, or for a descriptor that is no
+    /// pipe, as `writeAll`.
+    static func writeAll(_ data: Data, toPipe pipe: FileDescriptor) async throws {
+        guard let capacity = try? pipe.pipeCapacity(), data.count <= Int(capacity),
+              let pending = try? pipe.bytesPending(), pending == 0 else {
+            return try await writeAll(data, to: pipe)
+        }
+        try Kernel.withSIGPIPEBlocked {
+            try data.withUnsafeBytes { try pipe.writeFully($0) }
+        }
+    }
+
     /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),
     /// then closes it. Returns the byte count.
     static func readChunks(consuming fd: FileDescriptor, chunkSize: Int = 1 << 20,

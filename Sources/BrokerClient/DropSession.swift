@@ -196,6 +196,14 @@ public final class DropSession: Sendable {
             let outcome = await outcome(of: id)
             throw outcome.error ?? BrokerError(.failed, "Failed to read the load: \(error)")
         }
+        // A file's reply is its verdict: the broker answers with the descriptor only once the
+        // load is on record and the file judged, and nothing after that can fail it. Waiting
+        // for `LoadFinished` as well would cost the caller one more wake-up.
+        if kind == .file {
+            loads.withLock { $0.abandon(id) }
+            progress?(received, received)
+            return received
+        }
         let outcome = await outcome(of: id)
         if let error = outcome.error { throw error }
         guard outcome.bytes == received else {

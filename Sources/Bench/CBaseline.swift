@@ -1,0 +1,75 @@
+import Foundation
+
+/// The same calls BrokerClient makes for a drop, from a plain C client on sd-bus
+/// (`dragbroker-bench-c`, beside this binary) with a drag of its own: the yardstick for what
+/// the library adds. Each of its measurements runs right after BrokerClient's of the same
+/// kind, so both see the same machine.
+final class CBaseline {
+    /// One measurement's percentiles, in microseconds, with its paired echo's.
+    struct Figures {
+        let count: Int
+        let p50: Double
+        let p99: Double
+        let echoP50: Double
+        let echoP99: Double
+
+        var line: String {
+            "  n=\(count): p50 \(format(p50)) µs, p99 \(format(p99)) µs; echo p50 \(format(echoP50)) µs, p99 \(format(echoP99)) µs; "
+                + "ratio p50 \(format(p50 / echoP50, 2))"
+        }
+    }
+
+    private let child: Child
+
+    /// Starts the C client on a new drag of the source's and waits until it presented it.
+    init(world: Orchestrator.World) throws {
+        let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let path = URL(fileURLWithPath: executable).deletingLastPathComponent().appendingPathComponent("dragbroker-bench-c").path
+        guard FileManager.default.isExecutableFile(atPath: path) else {
+            throw BenchError("\(path) is missing: build it with `swift build -c release --product dragbroker-bench-c`")
+        }
+        let token = try world.sourceToken("begin", "the source did not begin a drag for the C client")
+        child = try Child(name: "dragbroker-bench-c", executable: path,
+                          arguments: [world.address, token, world.sourceName, BenchTypes.small, BenchTypes.file,
+                                      "\(Orchestrator.latencyWarmup)", "\(Orchestrator.latencyIterations)", "\(Int(Orchestrator.latencyBudget))"],
+                          environment: [:])
+        Cleanup.shared.add(child)
+        guard let ready = child.stdout.take(timeout: 20, where: { $0.hasPrefix("READY") || $0.hasPrefix("ERR") }), ready.hasPrefix("READY") else {
+            throw BenchError("the C client did not start: \(child.stdout.tail(3))\n\(child.diagnostics())")
+        }
+    }
+
+    /// `update` (Enter once, then Update round trips), `firstbyte` or `handover`.
+    func measure(_ command: String) throws -> Figures {
+        try child.send(command)
+        let ok = "OK \(command) "
+        let budget = Orchestrator.latencyBudget * 2 + 30
+        guard let line = child.stdout.take(timeout: budget, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
+            throw BenchError("the C client failed to measure \(command): \(child.stdout.tail(3))\n\(child.diagnostics())")
+        }
+        let numbers = line.dropFirst(ok.count).split(separator: " ").compactMap { Double($0) }
+        guard numbers.count == 5 else { throw BenchError("unexpected line from the C client: \(line)") }
+        return Figures(count: Int(numbers[0]), p50: numbers[1] / 1000, p99: numbers[2] / 1000,
+                       echoP50: numbers[3] / 1000, echoP99: numbers[4] / 1000)
+    }
+
+    func drop() throws {
+        try child.send("drop")
+        guard child.stdout.take(timeout: 20, where: { $0 == "OK drop" || $0.hasPrefix("ERR") }) == "OK drop" else {
+            throw BenchError("the C client could not drop: \(child.stdout.tail(3))")
+        }
+    }
+
+    /// Concludes its drag and waits for it to exit.
+    func finish() throws {
+        try child.send("quit")
+        guard child.waitForExit(timeout: 10), child.process.terminationStatus == 0 else {
+            throw BenchError("the C client did not conclude cleanly: \(child.stdout.tail(3))")
+        }
+    }
+
+    /// BrokerClient's p50 over the C client's, measured one after the other.
+    static func ratio(_ library: Orchestrator.Paired, _ c: Figures) -> Double {
+        library.op.micros(50) / c.p50
+    }
+}

@@ -1,0 +1,252 @@
+/* The bench's baseline destination: the calls BrokerClient makes for a drop, made by the
+ * plainest client there is, C on sd-bus with blocking calls and no thread of its own. What
+ * BrokerClient costs on top of this is the library's own overhead (make bench prints it as
+ * client_*_vs_c). It deliberately does not use BusKit: it is the yardstick, not the product.
+ *
+ * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE WARMUP ITERATIONS BUDGET-SECONDS
+ * It presents TOKEN, prints "READY", then answers each command on stdin with one line:
+ *   update     Enter(copy) once, then Update(copy) round trips  -> "OK update N P50 P99 ECHO-P50 ECHO-P99"
+ *   drop       Enter(copy) unless update entered, then PerformDrop -> "OK drop"
+ *   firstbyte  Load(0, SMALL-TYPE) to the first byte read, each read to its end -> "OK firstbyte ..."
+ *   handover   Load(0, FILE-TYPE) to the descriptor in hand     -> "OK handover ..."
+ *   quit       Conclude, then exit
+ * Times are nanoseconds. Each measurement alternates with an echo (org.freedesktop.DBus.Peer.Ping
+ * to ECHO-PEER) and starts after a 1 ms pause, as the Swift side measures.
+ * Failures print "ERR <what>" and exit 1. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <systemd/sd-bus.h>
+
+static const char *BROKER = "org.dragbroker.Broker1";
+static const char *MANAGER_PATH = "/org/dragbroker/Broker1";
+static const char *MANAGER = "org.dragbroker.Broker1.Manager";
+static const char *SESSION = "org.dragbroker.Broker1.Session";
+
+static sd_bus *bus;
+static char *session_path;
+static const char *echo_peer, *small_type, *file_type;
+static long warmup, iterations;
+static double budget_seconds;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void die(const char *what, int r) {
+    printf("ERR %s: %s\n", what, strerror(r < 0 ? -r : r));
+    fflush(stdout);
+    exit(1);
+}
+
+static void die_call(const char *what, const sd_bus_error *error, int r) {
+    printf("ERR %s: %s %s\n", what, error && error->name ? error->name : "", error && error->message ? error->message : strerror(-r));
+    fflush(stdout);
+    exit(1);
+}
+
+/* The signals the broker sends this destination (LoadProgress, LoadFinished) wait in sd-bus's
+ * queue while a blocking call runs; nothing here needs them, so they are let go. */
+static void drain(void) {
+    int r;
+    while ((r = sd_bus_process(bus, NULL)) > 0) {}
+    if (r < 0) die("sd_bus_process", r);
+}
+
+static void settle(void) {
+    struct timespec pause = {0, 1000000};
+    while (nanosleep(&pause, &pause) < 0 && errno == EINTR) {}
+    drain();
+}
+
+static void echo(void) {
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    int r = sd_bus_call_method(bus, echo_peer, "/", "org.freedesktop.DBus.Peer", "Ping", &error, &reply, "");
+    if (r < 0) die_call("Ping", &error, r);
+    sd_bus_message_unref(reply);
+}
+
+static const char *propose(const char *member) {
+    static char answer[32];
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    const char *allowed;
+    int r = sd_bus_call_method(bus, BROKER, session_path, SESSION, member, &error, &reply, "s", "copy");
+    if (r < 0) die_call(member, &error, r);
+    r = sd_bus_message_read(reply, "s", &allowed);
+    if (r < 0) die("reading the proposal's answer", r);
+    snprintf(answer, sizeof answer, "%s", allowed);
+    sd_bus_message_unref(reply);
+    return answer;
+}
+
+/* Load(0, type): the destination's descriptor, owned by the caller. */
+static int load(const char *type) {
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    int fd;
+    uint32_t id;
+    const char *kind;
+    int r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "Load", &error, &reply, "us", (uint32_t)0, type);
+    if (r < 0) die_call("Load", &error, r);
+    r = sd_bus_message_read(reply, "hus", &fd, &id, &kind);
+    if (r < 0) die("reading Load's reply", r);
+    /* The descriptor belongs to the message. */
+    fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) die("F_DUPFD_CLOEXEC", errno);
+    sd_bus_message_unref(reply);
+    return fd;
+}
+
+static uint64_t op_update(void) {
+    uint64_t start = now_ns();
+    const char *allowed = propose("Update");
+    uint64_t elapsed = now_ns() - start;
+    if (strcmp(allowed, "copy") != 0) die("Update was not answered copy", EPROTO);
+    return elapsed;
+}
+
+static char buffer[1 << 20];
+
+static uint64_t op_first_byte(void) {
+    uint64_t start = now_ns(), first = 0;
+    int fd = load(small_type);
+    for (;;) {
+        ssize_t n = read(fd, buffer, sizeof buffer);
+        if (n > 0) {
+            if (first == 0) first = now_ns() - start;
+            continue;
+        }
+        if (n == 0) break;
+        if (errno == EINTR) continue;
+        die("reading the load", errno);
+    }
+    close(fd);
+    if (first == 0) die("the load delivered no byte", EPROTO);
+    return first;
+}
+
+static uint64_t op_handover(void) {
+    uint64_t start = now_ns();
+    int fd = load(file_type);
+    uint64_t elapsed = now_ns() - start;
+    close(fd);
+    return elapsed;
+}
+
+static int compare(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t percentile(uint64_t *values, long count, double p) {
+    long index = (long)(p / 100.0 * (double)count + 0.5) - 1;
+    if (index < 0) index = 0;
+    if (index >= count) index = count - 1;
+    return values[index];
+}
+
+/* Alternates op and echo as the Swift side's measurePaired does, and prints the line. */
+static void measure(const char *name, uint64_t (*op)(void)) {
+    uint64_t *ops = calloc((size_t)iterations, sizeof *ops), *echoes = calloc((size_t)iterations, sizeof *echoes);
+    if (!ops || !echoes) die("calloc", ENOMEM);
+    for (long i = 0; i < warmup; i++) {
+        op();
+        echo();
+    }
+    uint64_t deadline = now_ns() + (uint64_t)(budget_seconds * 1e9);
+    long count = 0;
+    while (count < iterations && now_ns() < deadline) {
+        settle();
+        ops[count] = op();
+        settle();
+        uint64_t start = now_ns();
+        echo();
+        echoes[count] = now_ns() - start;
+        count++;
+    }
+    qsort(ops, (size_t)count, sizeof *ops, compare);
+    qsort(echoes, (size_t)count, sizeof *echoes, compare);
+    printf("OK %s %ld %llu %llu %llu %llu\n", name, count, (unsigned long long)percentile(ops, count, 50),
+           (unsigned long long)percentile(ops, count, 99), (unsigned long long)percentile(echoes, count, 50),
+           (unsigned long long)percentile(echoes, count, 99));
+    fflush(stdout);
+    free(ops);
+    free(echoes);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 9) {
+        fprintf(stderr, "usage: %s ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE WARMUP ITERATIONS BUDGET-SECONDS\n", argv[0]);
+        return 2;
+    }
+    echo_peer = argv[3];
+    small_type = argv[4];
+    file_type = argv[5];
+    warmup = atol(argv[6]);
+    iterations = atol(argv[7]);
+    budget_seconds = atof(argv[8]);
+    if (iterations <= 0) die("ITERATIONS must be positive", EINVAL);
+
+    int r = sd_bus_new(&bus);
+    if (r < 0) die("sd_bus_new", r);
+    if ((r = sd_bus_set_address(bus, argv[1])) < 0) die("sd_bus_set_address", r);
+    if ((r = sd_bus_set_bus_client(bus, 1)) < 0) die("sd_bus_set_bus_client", r);
+    if ((r = sd_bus_start(bus)) < 0) die("sd_bus_start", r);
+
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    const char *path;
+    r = sd_bus_call_method(bus, BROKER, MANAGER_PATH, MANAGER, "PresentToken", &error, &reply, "s", argv[2]);
+    if (r < 0) die_call("PresentToken", &error, r);
+    if ((r = sd_bus_message_read(reply, "o", &path)) < 0) die("reading PresentToken's reply", r);
+    session_path = strdup(path);
+    sd_bus_message_unref(reply);
+    printf("READY %s\n", session_path);
+    fflush(stdout);
+
+    int entered = 0;
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strcmp(line, "update") == 0) {
+            if (strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
+            entered = 1;
+            measure("update", op_update);
+        } else if (strcmp(line, "drop") == 0) {
+            if (!entered && strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
+            reply = NULL;
+            r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "PerformDrop", &error, &reply, "");
+            if (r < 0) die_call("PerformDrop", &error, r);
+            sd_bus_message_unref(reply);
+            printf("OK drop\n");
+            fflush(stdout);
+        } else if (strcmp(line, "firstbyte") == 0) {
+            measure("firstbyte", op_first_byte);
+        } else if (strcmp(line, "handover") == 0) {
+            measure("handover", op_handover);
+        } else if (strcmp(line, "quit") == 0) {
+            drain();
+            reply = NULL;
+            r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "Conclude", &error, &reply, "");
+            if (r < 0) die_call("Conclude", &error, r);
+            sd_bus_message_unref(reply);
+            break;
+        } else {
+            printf("ERR unknown command '%s'\n", line);
+            fflush(stdout);
+        }
+    }
+    sd_bus_flush_close_unref(bus);
+    return 0;
+}
