@@ -104,7 +104,17 @@ public final class Bus: @unchecked Sendable {
     public func call(_ message: Message, timeout: UInt64 = 0,
                      isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> Message {
         precondition(loop.isCurrent, "Bus.call awaited off its event loop: call it from an actor whose executor is the loop")
-        let result: Result<Message, BusError> = await withCheckedContinuation(isolation: isolation) { continuation in
+        // The reply resumes the caller's task through the runtime's generic executor, which by
+        // default is the concurrency pool: a thread woken only to hand the task back to the
+        // loop. With the loop preferred as the task's executor meanwhile, it resumes here.
+        let result: Result<Message, BusError> = await withTaskExecutorPreference(loop, isolation: isolation) {
+            await reply(to: message, timeout: timeout, isolation: isolation)
+        }
+        return try result.get()
+    }
+
+    private func reply(to message: Message, timeout: UInt64, isolation: isolated (any Actor)?) async -> Result<Message, BusError> {
+        await withCheckedContinuation(isolation: isolation) { continuation in
             let box = Unmanaged.passRetained(ReplyBox(loop: loop) { result in
                 // Made on the loop, resumed in the caller's isolation, which is on the loop too
                 // (checked above): the reply never leaves the loop's thread.
@@ -119,7 +129,6 @@ public final class Bus: @unchecked Sendable {
                 box.takeRetainedValue().completion(.failure(.system(r, "sd_bus_call_async")))
             }
         }
-        return try result.get()
     }
 
     /// Messages sent but not yet written to the bus socket (sd_bus_get_n_queued_write): at 0,

@@ -13,11 +13,16 @@ import SystemCalls
 /// touched only by the thread running it, or, while no thread runs it (before `start()` or
 /// `run()`, after it returned), by the one thread that sets it up or tears it down. BusKit
 /// checks this with `preconditionCurrentOrIdle` in release builds too.
-public final class EventLoop: SerialExecutor, @unchecked Sendable {
+public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable {
     /// The owned `sd_event*`.
     public let handle: OpaquePointer
     private let wakeFD: FileDescriptor
     private var wakeSource: OpaquePointer?
+    /// Drains work the loop's own thread queued from a callback, on the loop's next turn,
+    /// without the eventfd: enabling it is no system call.
+    private var ownWorkSource: OpaquePointer?
+    /// Whether `drain` runs now, which takes work queued meanwhile itself. Loop thread only.
+    private var isDraining = false
     private let queue = Mutex<[Work]>([])
     /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
     /// loop-bound state, hence an atomic rather than a lock.
@@ -50,9 +55,21 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
             sd_event_unref(handle)
             throw BusError.system(r, "sd_event_add_io")
         }
+        let d = sd_event_add_defer(handle, &ownWorkSource, { _, userdata in
+            Unmanaged<EventLoop>.fromOpaque(userdata!).takeUnretainedValue().drain()
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque())
+        if d >= 0 { sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF)) }
+        if d < 0 {
+            sd_event_source_disable_unref(wakeSource)
+            wakeFD.closeQuietly()
+            sd_event_unref(handle)
+            throw BusError.system(d, "sd_event_add_defer")
+        }
     }
 
     deinit {
+        sd_event_source_disable_unref(ownWorkSource)
         sd_event_source_disable_unref(wakeSource)
         wakeFD.closeQuietly()
         sd_event_unref(handle)
@@ -173,18 +190,34 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         UnownedSerialExecutor(ordinary: self)
     }
 
+    /// As a task executor, the loop runs a task's nonisolated code and its continuations too:
+    /// a task that prefers it (`Bus.call` does, while it waits) never visits the concurrency
+    /// pool between the loop's own steps.
+    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+        UnownedTaskExecutor(ordinary: self)
+    }
+
+    /// Queues work for the loop. Another thread wakes the loop through the eventfd when the
+    /// queue was empty (else a wake-up or a drain is already due); the loop's own thread, which
+    /// queues a task's next step each time a reply resumes it, needs no wake-up: a drain under
+    /// way takes the work, or else the loop's next turn does.
     private func push(_ work: Work) {
+        let onLoop = isCurrent
         let wasEmpty = queue.withLock { queue in
             queue.append(work)
             return queue.count == 1
         }
-        if wasEmpty {
+        if onLoop {
+            if !isDraining { sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_ONESHOT)) }
+        } else if wasEmpty {
             var one: UInt64 = 1
             _ = try? withUnsafeBytes(of: &one) { try wakeFD.writeFully($0) }
         }
     }
 
     private func drain() {
+        isDraining = true
+        defer { isDraining = false }
         while true {
             let batch = queue.withLock { queue in
                 let batch = queue
@@ -194,7 +227,7 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
             if batch.isEmpty { return }
             for work in batch {
                 switch work {
-                case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
+                case .job(let job): job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
                 case .closure(let body): body()
                 }
             }

@@ -28,6 +28,40 @@ final class EventLoopTests: XCTestCase {
         XCTAssertTrue(loop.isCurrentOrIdle, "after stop, whoever tears it down owns it")
     }
 
+    /// Work the loop's own thread queues (as a reply resuming a task does) runs on the loop's
+    /// next turn with nothing else to wake it, from a callback and from queued work alike, in
+    /// the order it was queued; work from another thread still wakes the loop.
+    func testWorkTheLoopQueuesItselfRunsWithoutAWakeUp() throws {
+        let loop = try EventLoop()
+        loop.start(name: "test-loop")
+        let order = Mutex<[String]>([])
+        let done = DispatchSemaphore(value: 0)
+        loop.execute {
+            // From queued work: taken by the drain under way.
+            loop.execute { order.withLock { $0.append("from work") } }
+            // From a callback, which no drain is under way for.
+            loop.soon {
+                loop.execute {
+                    order.withLock { $0.append("from a callback") }
+                    loop.execute {
+                        order.withLock { $0.append("and from that") }
+                        done.signal()
+                    }
+                }
+            }
+        }
+        // Stuck work would also keep stop() waiting: the loop is left running if it fails.
+        guard done.wait(timeout: .now() + 5) == .success else {
+            return XCTFail("work the loop queued for itself never ran; ran: \(order.withLock { $0 })")
+        }
+        XCTAssertEqual(order.withLock { $0 }, ["from work", "from a callback", "and from that"])
+        // Another thread's work after the loop went back to sleep.
+        Thread.sleep(forTimeInterval: 0.05)
+        loop.execute { done.signal() }
+        XCTAssertEqual(done.wait(timeout: .now() + 5), .success)
+        loop.stop()
+    }
+
     func testRunUntilMakesTheCallerTheLoopThread() throws {
         let loop = try EventLoop()
         var seen: [Bool] = []
