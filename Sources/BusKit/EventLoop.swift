@@ -59,13 +59,13 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             Unmanaged<EventLoop>.fromOpaque(userdata!).takeUnretainedValue().drain()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
-        if d >= 0 { sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF)) }
-        if d < 0 {
+        guard d >= 0 else {
             sd_event_source_disable_unref(wakeSource)
             wakeFD.closeQuietly()
             sd_event_unref(handle)
             throw BusError.system(d, "sd_event_add_defer")
         }
+        sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF))
     }
 
     deinit {
