@@ -25,7 +25,8 @@ demo: build
 interfaces:
 	$(SWIFT) run generate-interfaces Sources/BrokerProtocol/Interfaces
 
-# Throughput and latency through the daemon against a plain pipe and a bus echo (release build).
+# Throughput and latency through the daemon against a plain pipe and a bus echo, BrokerClient
+# against a plain C client (dragbroker-bench-c), and concurrent loads (release build).
 bench: deps
 	$(SWIFT) build -c release --product dragbrokerd
 	$(SWIFT) build -c release --product dragbroker-bench
