@@ -344,6 +344,33 @@ final class SessionRulesTests: XCTestCase {
                        "the teammate's item 0 is the session's item 2")
     }
 
+    /// A pasteboard entry at its bound forgets the destination that presented longest ago; a
+    /// drag refuses. Policy's refusal is recorded once for each time a connection is a
+    /// destination: a forgotten one that comes back is told again, and nothing of a connection
+    /// the entry forgot stays behind.
+    func testAFullEntryForgetsItsOldestLookerAndEverythingItKnewOfIt() throws {
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 4)
+        let flow = FlowView(policy: Policy(flows: [FlowRule(from: .any, to: .any, typePatterns: ["text/plain"], action: .deny, origin: origin)]),
+                            types: MimeDatabase.system)
+        let events = Recorder()
+        let entry = Session(id: "s7", token: try SessionToken.random(), source: Self.source, providerPath: "/p", items: Self.items,
+                            options: SessionOptions(), kind: .copy(lifetime: 60_000_000)) { _, event in events.events.append(Self.name(event)) }
+        XCTAssertEqual(try entry.admit(Self.stranger, limit: 1, flow: flow), .joined(evicting: nil))
+        XCTAssertEqual(try entry.admit(Self.stranger, limit: 1, flow: flow), .again)
+        XCTAssertEqual(try entry.admit(Self.teammate, limit: 1, flow: flow), .joined(evicting: Self.stranger.uniqueName))
+        XCTAssertFalse(entry.isParty(Self.stranger.uniqueName))
+        XCTAssertEqual(try entry.admit(Self.stranger, limit: 1, flow: flow), .joined(evicting: Self.teammate.uniqueName))
+        XCTAssertEqual(events.events.filter { $0.hasPrefix("flowDenied") },
+                       ["flowDenied :1.4 [\"text/plain\"] \(origin)", "flowDenied :1.3 [\"text/x-team\", \"text/plain\"] \(origin)",
+                        "flowDenied :1.4 [\"text/plain\"] \(origin)"],
+                       "presenting again is no second refusal; joining again after being forgotten is")
+        XCTAssertEqual(Array(entry.destinations.keys), [Self.stranger.uniqueName], "the entry holds one destination and no more")
+
+        let (drag, _) = makeSession()
+        try drag.admit(Self.stranger, limit: 1, flow: flow)
+        assertRefused(try drag.admit(Self.teammate, limit: 1, flow: flow), .limitExceeded, "Session s7 already has 1 destinations")
+    }
+
     /// `forbidden` comes only from policy: nothing to take because visibility hides it is
     /// `cancel`, as on iOS; an app that proposes cancel (it found nothing it takes) while a
     /// flow rule refused it something it could otherwise see hears `forbidden`, whether or not

@@ -96,6 +96,9 @@ final class Session {
         /// When it last presented the token, in the order of the session's presentations: an
         /// entry makes room for a newcomer by forgetting the one that looked longest ago.
         var presented: UInt64 = 0
+        /// Already told, in the audit, that the policy hides representations from it: once for
+        /// as long as it is a destination, so the mark goes with it.
+        var flowDenialReported = false
     }
 
     /// What presenting the token did.
@@ -251,9 +254,6 @@ final class Session {
         }
     }
 
-    /// Destinations already told, in the audit, that the policy hides representations from them.
-    private var flowDenialsReported: Set<String> = []
-
     /// Each representation visibility shows `destination` that a flow rule denies it, with the
     /// rule, in item order; lazy, so a question of whether there is any stops at the first.
     private func flowDenials(to destination: AppIdentity, flow: FlowView) -> some Sequence<(type: String, rule: FlowRule)> {
@@ -271,7 +271,7 @@ final class Session {
 
     /// Reports once per destination what the policy hides from it that it could otherwise see.
     private func reportFlowDenials(to destination: AppIdentity, flow: FlowView) {
-        guard !flowDenialsReported.contains(destination.uniqueName) else { return }
+        guard destinations[destination.uniqueName]?.flowDenialReported == false else { return }
         var denied: [String] = []
         var firstRule: FlowRule?
         for (type, rule) in flowDenials(to: destination, flow: flow) {
@@ -279,7 +279,7 @@ final class Session {
             firstRule = firstRule ?? rule
         }
         guard let firstRule else { return }
-        flowDenialsReported.insert(destination.uniqueName)
+        destinations[destination.uniqueName]?.flowDenialReported = true
         report(self, .flowDenied(to: destination, types: denied, rule: firstRule))
     }
 
