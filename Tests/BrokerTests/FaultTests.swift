@@ -38,6 +38,10 @@ final class FaultTests: XCTestCase {
         XCTAssertNotNil(world.daemon.stderr.take {
             $0.contains("Lost the connection to the bus: recording 1 session(s) in flight as interrupted and exiting")
         }, world.daemon.stderr.text)
+        // Said once: not again for each party the ended session can no longer be told about.
+        _ = world.daemon.stderr.take(timeout: 10) { _ in false }  // returns at the end of its output
+        XCTAssertEqual(world.daemon.stderr.all { $0.contains("Failed to emit") || $0.contains("Failed to send") }, [])
+        XCTAssertEqual(world.daemon.stderr.all { $0.contains("Transport endpoint is not connected") }, [])
 
         let log = try TransferLog.openReadOnly(path: world.daemon.transferLogPath)
         let sessions = try log.sessions()

@@ -29,7 +29,7 @@ final class Monitors {
 
     /// `MonitorEvent(session, event, detail, bytes, expected)`.
     func emit(_ session: Session, _ event: MonitorEventKind, _ detail: @autoclosure () -> String = "", bytes: UInt64 = 0, expected: UInt64 = 0) {
-        guard !watchers.isEmpty else { return }
+        guard !watchers.isEmpty, bus.isOpen else { return }
         let detail = detail()
         for (name, watcher) in watchers where session.mayBeInspected(by: watcher) {
             do {

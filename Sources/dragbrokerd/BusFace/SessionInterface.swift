@@ -484,6 +484,9 @@ final class SessionInterface {
 
     private func emit(_ session: Session, _ interface: String, _ member: String, to destination: String, from path: String? = nil,
                       _ build: (Message) throws(BusError) -> Void = { _ in }) {
+        // Without a bus nobody can be told: the loss is logged once, where it is noticed,
+        // rather than once for every party of every session that then ends.
+        guard bus.isOpen else { return }
         do {
             try bus.emitSignal(path: path ?? session.path, interface: interface, member: member,
                                destination: destination, build)
