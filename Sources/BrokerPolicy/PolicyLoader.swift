@@ -25,6 +25,12 @@ public enum PolicyLoader {
         return reader.policy
     }
 
+    /// Every section and the keys it accepts, in the reader's own terms, so that what documents
+    /// the files can be checked against what reads them.
+    public static var sections: [(name: String, keys: [String])] {
+        SectionKind.allCases.map { ($0.rawValue, $0.keys) }
+    }
+
     /// nil when nothing is there (a dangling symlink included), else whether it is a directory.
     private static func kind(of path: String) -> Bool? {
         var isDirectory: ObjCBool = false

@@ -307,7 +307,10 @@ func startNumbering(after log: TransferLog.SessionNumbering, ledger: InFlightLed
         let reason = "the log lost \(lost) session(s), s\(highest + 1) to s\(issued), which were handed out but not on disk when the previous daemon stopped (a crash or power cut before they were synced, or a damaged write-ahead log)"
         logger.warning("The transfer log has no record of \(lost) session(s) after s\(highest), up to s\(issued): \(reason)")
         transferLog.recordGap(lost: Int64(lost), reason: reason) { [logger] result in
-            if case .failure(let error) = result { logger.error("Failed to record the lost sessions as a gap: \(error)") }
+            switch result {
+            case .success(let gap): AuditSink.log(.gapRecorded(gap), to: logger)
+            case .failure(let error): logger.error("Failed to record the lost sessions as a gap: \(error)")
+            }
         }
     }
     return SessionNumbers(next: max(highest, issued, reserved) + 1, reserved: reserved, store: ledger)

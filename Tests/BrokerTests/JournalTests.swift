@@ -1,13 +1,13 @@
 import BrokerProtocol
 import BusKit
 import Foundation
+import TransferLog
 import XCTest
 
-/// Under journald, the daemon logs structured entries and writes its audit trail to the
-/// journal. The test gives the daemon a journal of its own: in a private mount namespace,
-/// a tmpfs on /run holds a receiver bound at /run/systemd/journal/socket, the path
-/// sd_journal_sendv writes to.
-final class JournalTests: XCTestCase {
+/// dragbrokerd under journald: the test gives the daemon a journal of its own. In a private
+/// mount namespace, a tmpfs on /run holds a receiver bound at /run/systemd/journal/socket, the
+/// path sd_journal_sendv writes to, which appends every entry it receives to a file.
+final class JournaledDaemon {
     static let receiver = """
         import os, socket, sys
         parent = os.getppid()
@@ -22,12 +22,12 @@ final class JournalTests: XCTestCase {
                 pass
         """
 
-    func testTransfersAndRefusalsReachTheJournalWithTheirFields() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-journal-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let entriesFile = directory.appendingPathComponent("entries")
-        let bus = try PrivateBus()
+    let child: Child
+    private let entriesFile: URL
+
+    /// `scratch`: a directory of the test's, for the file of entries.
+    init(bus: PrivateBus, stateDirectory: URL, policyDirectory: URL, scratch: URL) throws {
+        entriesFile = scratch.appendingPathComponent("entries")
         let script = """
             set -e
             mount -t tmpfs tmpfs /run
@@ -37,33 +37,50 @@ final class JournalTests: XCTestCase {
             export JOURNAL_STREAM=$(stat -L -c '%d:%i' /proc/$$/fd/2)
             exec "$@"
             """
-        let daemon = try Child(
+        child = try Child(
             executable: URL(fileURLWithPath: "/usr/bin/unshare"),
             arguments: ["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
                         productsDirectory.appendingPathComponent("dragbrokerd").path, "--address", bus.address,
-                        "--state-directory", directory.appendingPathComponent("state").path,
-                        "--policy-directory", directory.appendingPathComponent("policy").path],
+                        "--state-directory", stateDirectory.path, "--policy-directory", policyDirectory.path],
             environment: ["PATH": "/usr/bin:/bin", "RECEIVER": Self.receiver, "ENTRIES": entriesFile.path])
-        defer { daemon.terminate() }
+    }
 
-        func entries() -> [[String: String]] {
-            let data = (try? Data(contentsOf: entriesFile)) ?? Data()
-            return data.split(separator: 0x1e).map { entry in
-                var fields: [String: String] = [:]
-                for line in entry.split(separator: UInt8(ascii: "\n")) {
-                    let text = String(decoding: line, as: UTF8.self)
-                    if let equals = text.firstIndex(of: "=") { fields[String(text[..<equals])] = String(text[text.index(after: equals)...]) }
-                }
-                return fields
+    deinit { child.terminate() }
+
+    func entries() -> [[String: String]] {
+        let data = (try? Data(contentsOf: entriesFile)) ?? Data()
+        return data.split(separator: 0x1e).map { entry in
+            var fields: [String: String] = [:]
+            for line in entry.split(separator: UInt8(ascii: "\n")) {
+                let text = String(decoding: line, as: UTF8.self)
+                if let equals = text.firstIndex(of: "=") { fields[String(text[..<equals])] = String(text[text.index(after: equals)...]) }
             }
+            return fields
         }
-        func waitFor(_ match: ([String: String]) -> Bool) -> [String: String]? {
-            for _ in 0..<200 {
-                if let entry = entries().first(where: match) { return entry }
-                usleep(50_000)
-            }
-            return nil
+    }
+
+    func waitFor(_ match: ([String: String]) -> Bool) -> [String: String]? {
+        for _ in 0..<200 {
+            if let entry = entries().first(where: match) { return entry }
+            usleep(50_000)
         }
+        return nil
+    }
+}
+
+/// Under journald, the daemon logs structured entries and writes its audit trail to the
+/// journal.
+final class JournalTests: XCTestCase {
+    func testTransfersAndRefusalsReachTheJournalWithTheirFields() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-journal-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let bus = try PrivateBus()
+        let journaled = try JournaledDaemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"),
+                                            policyDirectory: directory.appendingPathComponent("policy"), scratch: directory)
+        defer { journaled.child.terminate() }
+        let daemon = journaled.child
+        let waitFor = journaled.waitFor
 
         let serving = waitFor { $0["MESSAGE"]?.hasPrefix("Serving org.dragbroker.Broker1") == true }
         XCTAssertEqual(serving?["PRIORITY"], "6")
@@ -131,5 +148,34 @@ final class JournalTests: XCTestCase {
         XCTAssertEqual(entryEnded?["MESSAGE"], "Pasteboard entry s2 from \(source.executable.path) ended: cancelled, operation copy")
         XCTAssertEqual(entryEnded?["DRAGBROKER_KIND"], "copy")
         XCTAssertEqual(entryEnded?["DRAGBROKER_CHANNEL"], "paste")
+    }
+
+    /// A gap in the transfer log is a journal entry of its own, so a forwarded audit trail says
+    /// where it is incomplete. Here the gap is the sessions the ledger says were handed out and
+    /// the log never got, as after a crash that lost the log's last writes.
+    func testAGapInTheTransferLogReachesTheJournalWithItsMessageID() throws {
+        let world = try AuditWorld()
+        world.stopDaemon()
+        let ledger = try FileHandle(forWritingTo: world.stateDirectory.appendingPathComponent("transfers.inflight"))
+        try ledger.seek(toOffset: 32)  // the header's last session number handed out: s3, in an empty log
+        try ledger.write(contentsOf: withUnsafeBytes(of: UInt64(3).littleEndian) { Data($0) })
+        try ledger.close()
+        let journaled = try JournaledDaemon(bus: world.bus, stateDirectory: world.stateDirectory,
+                                            policyDirectory: world.policyDirectory, scratch: world.directory)
+        defer { withExtendedLifetime(world) { journaled.child.terminate() } }
+
+        let reason = "the log lost 3 session(s), s1 to s3, which were handed out but not on disk when the previous daemon "
+            + "stopped (a crash or power cut before they were synced, or a damaged write-ahead log)"
+        let entry = journaled.waitFor { $0["MESSAGE_ID"] == "8593af0f7c664ce8ad07ab14ac085c52" }
+        XCTAssertEqual(entry?["MESSAGE"], "Recorded a gap in the transfer log: 3 record(s) lost: \(reason)")
+        XCTAssertEqual(entry?["PRIORITY"], "3")
+        XCTAssertEqual(entry?["SYSLOG_IDENTIFIER"], "dragbrokerd")
+        XCTAssertEqual(entry?["DRAGBROKER_LOST"], "3")
+        XCTAssertEqual(entry?["DRAGBROKER_REASON"], reason)
+        let gap = try XCTUnwrap(try TransferLog.openReadOnly(path: TransferLog.path(inStateDirectory: world.stateDirectory.path)).gaps().first)
+        XCTAssertEqual(entry?["DRAGBROKER_FIRST_LOST_USEC"], "\(MicrosecondTimestamp.microseconds(gap.firstLostAt))")
+        XCTAssertEqual(entry?["DRAGBROKER_LAST_LOST_USEC"], "\(MicrosecondTimestamp.microseconds(gap.lastLostAt))")
+        XCTAssertEqual(journaled.entries().filter { $0["MESSAGE"]?.hasPrefix("Recorded a gap") == true }.count, 1,
+                       "the gap's entry is the one line that tells it")
     }
 }

@@ -1,7 +1,7 @@
 import BusKit
 import TransferLog
 
-/// The audit trail in the journal, beside SQLite: one entry per load, per session and per refusal, with
+/// The audit trail in the journal, beside SQLite: one entry per load, per session, per refusal and per gap, with
 /// fixed MESSAGE_IDs and DRAGBROKER_* fields, so a fleet can forward it with
 /// systemd-journal-upload and select it with `journalctl MESSAGE_ID=…`.
 enum AuditJournal {
@@ -11,6 +11,9 @@ enum AuditJournal {
     static let refusalMessageID = "4e2b9d7c1a3f4b6e9d8c7b6a5f4e3d2c"
     /// `journalctl MESSAGE_ID=7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60`: a session ended.
     static let sessionMessageID = "7d3f1b9e2c4a4d6f8e0a1b2c3d4e5f60"
+    /// `journalctl MESSAGE_ID=8593af0f7c664ce8ad07ab14ac085c52`: records the log could not keep
+    /// were counted into it as a gap.
+    static let gapMessageID = "8593af0f7c664ce8ad07ab14ac085c52"
 
     static let enabled = Journal.isConnected
 
@@ -68,6 +71,24 @@ enum AuditJournal {
             ("DRAGBROKER_OPERATION", session.operation),
             ("DRAGBROKER_OUTCOME", session.outcome),
             ("DRAGBROKER_ERROR", session.errorName ?? ""),
+        ])
+    }
+
+    /// A forwarded audit trail must say where it is incomplete, as the log itself does, so the
+    /// gap is an entry of its own kind rather than only an error line. Returns false when the
+    /// journal did not take it.
+    @discardableResult
+    static func record(_ gap: GapRecord, message: String) -> Bool {
+        guard enabled else { return false }
+        return Journal.send([
+            ("MESSAGE", message),
+            ("MESSAGE_ID", gapMessageID),
+            ("PRIORITY", "3"),
+            ("SYSLOG_IDENTIFIER", "dragbrokerd"),
+            ("DRAGBROKER_LOST", "\(gap.lost)"),
+            ("DRAGBROKER_REASON", gap.reason),
+            ("DRAGBROKER_FIRST_LOST_USEC", "\(MicrosecondTimestamp.microseconds(gap.firstLostAt))"),
+            ("DRAGBROKER_LAST_LOST_USEC", "\(MicrosecondTimestamp.microseconds(gap.lastLostAt))"),
         ])
     }
 }

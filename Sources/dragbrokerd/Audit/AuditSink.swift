@@ -188,7 +188,11 @@ final class AuditSink {
         case .queueFull(let capacity):
             logger.critical("The transfer log's queue of unwritten records is full (\(capacity)): further records are counted, and recorded as a gap once the log can be written")
         case .gapRecorded(let gap):
-            logger.error("Recorded a gap in the transfer log: \(gap.lost) record(s) lost: \(gap.reason)")
+            let message = "Recorded a gap in the transfer log: \(gap.lost) record(s) lost: \(gap.reason)"
+            // Under journald the gap's own entry is this line, so the journal tells it once.
+            if !AuditJournal.record(gap, message: message) {
+                logger.error("\(message)")
+            }
         case .rejected(let failure):
             logger.error("Failed to write the transfer log: \(failure)")
         }
