@@ -26,12 +26,15 @@ struct Options {
                                    (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/dragbroker)
           --policy-directory DIR   read dragbroker.conf and dragbroker.conf.d/*.conf from DIR
                                    (default: /etc/dragbroker); reloaded on SIGHUP
-          --exit-idle-time SEC     exit after SEC seconds without any session (for bus activation)
+          --exit-idle-time SEC     exit after SEC seconds (at most a year) without any session
+                                   (for bus activation)
           --audit-queue-limit N    for tests: keep at most N records in memory while the transfer
                                    log cannot be written, counting any more as a gap (default 10000)
           --version                print the version and exit
           -h, --help               print this help and exit
         """
+
+    static let maxExitIdleSeconds: UInt64 = 365 * 24 * 3600
 
     static func parse(_ arguments: [String]) -> Options {
         var options = Options()
@@ -47,7 +50,10 @@ struct Options {
             case "--policy-directory": options.policyDirectory = value(argument)
             case "--exit-idle-time":
                 let text = value(argument)
-                guard let seconds = UInt64(text), seconds > 0 else { fail("--exit-idle-time needs a positive number of seconds, not '\(text)'") }
+                // Bounded, so the count in microseconds cannot overflow.
+                guard let seconds = UInt64(text), seconds > 0, seconds <= maxExitIdleSeconds else {
+                    fail("--exit-idle-time needs a positive number of seconds up to \(maxExitIdleSeconds) (a year), not '\(text)'")
+                }
                 options.exitIdleTime = seconds * 1_000_000
             case "--audit-queue-limit":
                 let text = value(argument)
