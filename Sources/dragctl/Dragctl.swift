@@ -1,5 +1,6 @@
 // The root command: a new subcommand gets its own file (or joins its group's) and is listed in `subcommands` here.
 import ArgumentParser
+import BrokerProtocol
 
 /// dragctl: inspect live drag sessions and the transfer log.
 @main
@@ -7,7 +8,7 @@ struct Dragctl: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dragctl",
         abstract: "Inspect dragbroker's live drag sessions and its transfer log.",
-        version: "0.1.0",
+        version: BrokerVersion.current,
         subcommands: [ListSessions.self, ShowSession.self, Monitor.self, CancelSession.self, CancelLoad.self, Log.self, Refusals.self, Stats.self,
                       WhoAmI.self, PolicyCommand.self])
 }

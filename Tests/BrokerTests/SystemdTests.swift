@@ -77,9 +77,12 @@ final class SystemdTests: XCTestCase {
         defer { try? FileManager.default.removeItem(at: prefix) }
         let runtime = prefix.appendingPathComponent("runtime")
         try FileManager.default.createDirectory(at: runtime, withIntermediateDirectories: true)
-        try run("/usr/bin/make", ["-C", Self.root.path, "install", "PREFIX=\(prefix.path)", "CONFIGURATION=\(Self.configuration)"])
+        try run("/usr/bin/make", ["-C", Self.root.path, "install", "PREFIX=\(prefix.path)", "SYSCONFDIR=\(prefix.path)/etc",
+                                  "CONFIGURATION=\(Self.configuration)"])
         let unit = prefix.appendingPathComponent("lib/systemd/user/dragbrokerd.service").path
-        let output = try run("/usr/bin/systemd-analyze", ["verify", "--user", unit], environment: ["XDG_RUNTIME_DIR": runtime.path])
+        // It also asks man for each page the unit's Documentation= names: the installed ones.
+        let output = try run("/usr/bin/systemd-analyze", ["verify", "--user", unit],
+                             environment: ["XDG_RUNTIME_DIR": runtime.path, "MANPATH": prefix.appendingPathComponent("share/man").path])
         XCTAssertEqual(output, "", "systemd-analyze has nothing to say about the unit")
         // The exit status for state on disk that cannot be used (DamagedStateTests) stops the
         // restarts, and a start limit stops any other loop.
@@ -88,7 +91,7 @@ final class SystemdTests: XCTestCase {
             XCTAssertTrue(properties.contains(property), "the unit sets \(property)")
         }
         let activation = try String(contentsOfFile: prefix.appendingPathComponent("share/dbus-1/services/org.dragbroker.Broker1.service").path, encoding: .utf8)
-        XCTAssertTrue(activation.contains("Exec=\(prefix.path)/bin/dragbrokerd --exit-idle-time 300\n"), activation)
+        XCTAssertTrue(activation.contains("Exec=\(prefix.path)/libexec/dragbrokerd --exit-idle-time 300\n"), activation)
         XCTAssertTrue(activation.contains("SystemdService=dragbrokerd.service\n"))
     }
 
@@ -96,27 +99,79 @@ final class SystemdTests: XCTestCase {
         let destdir = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-destdir-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: destdir) }
         try run("/usr/bin/make", ["-C", Self.root.path, "install", "DESTDIR=\(destdir.path)", "PREFIX=/usr", "CONFIGURATION=\(Self.configuration)"])
+        // Where Debian's own daemons put theirs: the package (`make deb`) is this install.
         XCTAssertEqual(try files(under: destdir), [
-            "/usr/bin/dragbrokerd",
+            "/etc/dragbroker/dragbroker.conf",
             "/usr/bin/dragctl",
+            "/usr/lib/systemd/catalog/dragbroker.catalog",
             "/usr/lib/systemd/user/dragbrokerd.service",
+            "/usr/libexec/dragbrokerd",
             "/usr/share/bash-completion/completions/dragctl",
             "/usr/share/dbus-1/services/org.dragbroker.Broker1.service",
             "/usr/share/doc/dragbroker/README.md",
             "/usr/share/doc/dragbroker/examples/dragbroker.conf",
             "/usr/share/fish/vendor_completions.d/dragctl.fish",
             "/usr/share/man/man1/dragctl.1",
+            "/usr/share/man/man5/dragbroker.conf.5",
+            "/usr/share/man/man7/dragbroker.7",
+            "/usr/share/man/man8/dragbrokerd.8",
             "/usr/share/zsh/vendor-completions/_dragctl",
         ])
         let unit = try String(contentsOfFile: destdir.path + "/usr/lib/systemd/user/dragbrokerd.service", encoding: .utf8)
-        XCTAssertTrue(unit.contains("ExecStart=/usr/bin/dragbrokerd --exit-idle-time 300\n"))
+        XCTAssertTrue(unit.contains("ExecStart=/usr/libexec/dragbrokerd --exit-idle-time 300\n"))
+        let policy = destdir.path + "/etc/dragbroker/dragbroker.conf"
+        XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: policy)),
+                       try Data(contentsOf: Self.root.appendingPathComponent("policy/dragbroker.conf")))
         let manual = try String(contentsOfFile: destdir.path + "/usr/share/man/man1/dragctl.1", encoding: .utf8)
         XCTAssertTrue(manual.contains(".Dt DRAGCTL 1"), String(manual.prefix(300)))
         XCTAssertTrue(manual.contains("show-session"))
         let completion = try String(contentsOfFile: destdir.path + "/usr/share/bash-completion/completions/dragctl", encoding: .utf8)
         XCTAssertTrue(completion.contains("list-sessions"))
+        // A second install keeps the administrator's edited policy.
+        try "[Audit]\nRetentionDays=30\n".write(toFile: policy, atomically: false, encoding: .utf8)
+        try run("/usr/bin/make", ["-C", Self.root.path, "install", "DESTDIR=\(destdir.path)", "PREFIX=/usr", "CONFIGURATION=\(Self.configuration)"])
+        XCTAssertEqual(try String(contentsOfFile: policy, encoding: .utf8), "[Audit]\nRetentionDays=30\n")
         try run("/usr/bin/make", ["-C", Self.root.path, "uninstall", "DESTDIR=\(destdir.path)", "PREFIX=/usr"])
-        XCTAssertEqual(try files(under: destdir), [])
+        XCTAssertEqual(try files(under: destdir), ["/etc/dragbroker/dragbroker.conf"])
+    }
+
+    /// An idle time too long to count in microseconds is a usage error, not an overflow trap.
+    func testAnIdleTimeBeyondAYearIsAUsageError() throws {
+        for value in ["18446744073709551615", "31536001", "0", "-1"] {
+            let child = try Child(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
+                                  arguments: ["--exit-idle-time", value], environment: [:])
+            XCTAssertEqual(child.stderr.take(timeout: 10) { _ in true },
+                           "dragbrokerd: --exit-idle-time needs a positive number of seconds up to 31536000 (a year), not '\(value)'")
+            child.process.waitUntilExit()
+            XCTAssertEqual(child.process.terminationStatus, 2, value)
+        }
+    }
+
+    /// `dragctl --version`, `dragbrokerd --version`, the manager's `Version` and the package's
+    /// newest changelog entry say one version.
+    func testEveryVersionIsTheChangelogs() throws {
+        let changelog = try String(contentsOf: Self.root.appendingPathComponent("debian/changelog"), encoding: .utf8)
+        let firstLine = try XCTUnwrap(changelog.split(separator: "\n").first)
+        XCTAssertTrue(firstLine.hasPrefix("dragbroker (\(BrokerVersion.current)) "), "debian/changelog begins \(firstLine)")
+        for (binary, expected) in [("dragctl", BrokerVersion.current), ("dragbrokerd", "dragbrokerd \(BrokerVersion.current)")] {
+            let child = try Child(executable: productsDirectory.appendingPathComponent(binary), arguments: ["--version"], environment: [:])
+            XCTAssertEqual(child.stdout.take(timeout: 10) { _ in true }, expected)
+            child.process.waitUntilExit()
+            XCTAssertEqual(child.process.terminationStatus, 0)
+        }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dragbroker-version-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let bus = try PrivateBus()
+        let daemon = try Daemon(bus: bus, stateDirectory: directory.appendingPathComponent("state"),
+                                policyDirectory: directory.appendingPathComponent("policy"))
+        let reply = try BusProbe(address: bus.address).call(BrokerNames.busName, BrokerNames.managerPath,
+                                                           "org.freedesktop.DBus.Properties", "Get") { m throws(BusError) in
+            try m.append("org.dragbroker.Broker1.Manager")
+            try m.append("Version")
+        }.get()
+        _ = try reply.enterContainer("v", "s")
+        XCTAssertEqual(try reply.readString(), BrokerVersion.current)
+        withExtendedLifetime(daemon) {}
     }
 
     /// The tests install what `swift build` made for them.

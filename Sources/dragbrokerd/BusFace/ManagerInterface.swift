@@ -235,7 +235,3 @@ extension ManagerInterface {
         try reply(call) { r throws(BusError) in try report.encode(to: r) }
     }
 }
-
-enum BrokerVersion {
-    static let current = "0.1.0"
-}
