@@ -15,6 +15,11 @@ struct LogOptions: ParsableArguments {
     }
 }
 
+/// What `dragctl log` prints: tables, the JSON report, or OCSF events.
+enum LogFormat: String, ExpressibleByArgument, CaseIterable {
+    case text, json, ocsf
+}
+
 struct Log: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Show the transfer log: sessions and their loads, newest first.")
 
@@ -41,6 +46,12 @@ struct Log: AsyncParsableCommand {
     @Option(help: "Only loads with this outcome: completed, cancelled, timed-out, denied, disconnected, failed, interrupted, or open (still running).")
     var outcome: String?
 
+    @Option(help: ArgumentHelp(
+        "Print text (tables), json (the report, as --json=short) or ocsf.",
+        discussion: "ocsf writes one OCSF 1.6.0 event a line, oldest first: each load, each ended session, and each refusal "
+            + "(refusals are matched by --since, --until, --app and --type, and left out with --team or --outcome)."))
+    var format: LogFormat?
+
     @OptionGroup var output: OutputOptions
 
     struct Report: Encodable {
@@ -53,10 +64,15 @@ struct Log: AsyncParsableCommand {
 
     func validate() throws {
         try validateWindow(since: since, until: until, limit: limit)
+        if let format, format != .json, output.mode != .off {
+            throw ValidationError("--format=\(format.rawValue) prints no JSON report: leave out --json and -j, or use --format=json")
+        }
     }
 
     func run() async throws {
         let report: Report
+        var refusals: [RefusalRecord] = []
+        let format = format ?? (output.mode == .off ? .text : .json)
         let filter = TransferLog.LoadFilter(since: since.flatMap(parseTime), until: until.flatMap(parseTime), app: app, team: team,
                                             type: type, outcome: outcome)
         let filtered = since != nil || until != nil || app != nil || team != nil || type != nil || outcome != nil
@@ -66,10 +82,18 @@ struct Log: AsyncParsableCommand {
             let ids = Set(loads.map(\.sessionID))
             let sessions = try log.sessions(limit: limit, includingOpen: true).filter { !filtered || ids.contains($0.sessionID) }
             report = Report(sessions: sessions, loads: loads, lostRecords: try log.lostRecords(), gaps: try log.gaps())
+            if format == .ocsf && team == nil && outcome == nil {
+                refusals = try log.refusals(limit: limit, filter: TransferLog.RefusalFilter(
+                    since: filter.since, until: filter.until, app: app, type: type, action: nil, errorName: nil))
+            }
         } catch {
             throw fail("Failed to read the transfer log: \(error)")
         }
-        if output.mode != .off { return try output.printJSON(report) }
+        switch format {
+        case .json: return try output.printJSON(report)
+        case .ocsf: return try printOCSF(report, refusals: refusals)
+        case .text: break
+        }
         output.page((gapWarning(lost: report.lostRecords, report.gaps).map { $0 + "\n\n" } ?? "") + output.table(
             ["SESSION", "KIND", "STARTED", "SOURCE", "DESTINATION", "OPERATION", "OUTCOME"],
             report.sessions.map { [$0.sessionID, $0.kind, timestamp($0.startedAt), $0.sourceApp, $0.destinationApp ?? "-", $0.operation, $0.outcome] },
@@ -77,6 +101,22 @@ struct Log: AsyncParsableCommand {
             ["SESSION", "STARTED", "TYPE", "BYTES", "DESTINATION", "OUTCOME"],
             report.loads.map { [$0.sessionID, timestamp($0.startedAt), $0.typeIdentifier, String($0.bytes), $0.destinationApp, $0.outcome + ($0.errorName.map { " (\($0))" } ?? "")] },
             legend: "\(plural(report.loads.count, "load")) listed."))
+    }
+}
+
+extension Log {
+    /// Oldest first, as a log file reads, so appending runs of `--since` makes one stream. The gap warning goes to
+    /// stderr: stdout holds events and nothing else.
+    func printOCSF(_ report: Report, refusals: [RefusalRecord]) throws {
+        if let warning = gapWarning(lost: report.lostRecords, report.gaps) {
+            FileHandle.standardError.write(Data("dragctl: \(warning)\n".utf8))
+        }
+        let events = report.loads.map { ($0.endedAt, OCSF.event(for: $0)) }
+            + report.sessions.compactMap { session in OCSF.event(for: session).map { (session.endedAt, $0) } }
+            + refusals.map { ($0.at, OCSF.event(for: $0)) }
+        // sort is not stable: the offset keeps records of one millisecond in the order they were read.
+        let ordered = events.enumerated().sorted { ($0.element.0, $0.offset) < ($1.element.0, $1.offset) }.map(\.element.1)
+        FileHandle.standardOutput.write(Data(try ordered.map { try OCSF.line($0) + "\n" }.joined().utf8))
     }
 }
 

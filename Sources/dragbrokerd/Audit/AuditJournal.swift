@@ -20,9 +20,9 @@ enum AuditJournal {
     static func record(_ load: LoadRecord) {
         guard enabled else { return }
         Journal.send([
-            ("MESSAGE", "Transfer of \(load.typeIdentifier) from \(load.sourceApp) to \(load.destinationApp): \(load.outcome), \(load.bytes) bytes"),
+            ("MESSAGE", load.summary),
             ("MESSAGE_ID", transferMessageID),
-            ("PRIORITY", load.outcome == "completed" ? "6" : "5"),
+            ("PRIORITY", "\(load.priority)"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", load.sessionID),
             ("DRAGBROKER_CHANNEL", load.channel),
@@ -41,9 +41,9 @@ enum AuditJournal {
     static func record(_ refusal: RefusalRecord, channel: String?) {
         guard enabled else { return }
         Journal.send([
-            ("MESSAGE", "Refused \(refusal.action) for \(refusal.app): \(refusal.message)"),
+            ("MESSAGE", refusal.summary),
             ("MESSAGE_ID", refusalMessageID),
-            ("PRIORITY", "5"),
+            ("PRIORITY", "\(refusal.priority)"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", refusal.sessionID ?? ""),
             ("DRAGBROKER_CHANNEL", channel ?? ""),
@@ -58,9 +58,9 @@ enum AuditJournal {
     static func record(_ session: SessionRecord) {
         guard enabled else { return }
         Journal.send([
-            ("MESSAGE", "\(session.kind == "copy" ? "Pasteboard entry" : "Session") \(session.sessionID) from \(session.sourceApp) ended: \(session.outcome), operation \(session.operation)"),
+            ("MESSAGE", session.summary),
             ("MESSAGE_ID", sessionMessageID),
-            ("PRIORITY", session.outcome == "completed" ? "6" : "5"),
+            ("PRIORITY", "\(session.priority)"),
             ("SYSLOG_IDENTIFIER", "dragbrokerd"),
             ("DRAGBROKER_SESSION", session.sessionID),
             ("DRAGBROKER_KIND", session.kind),
