@@ -213,6 +213,25 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(load.outcome, "denied")
     }
 
+    /// A file's size is known when it is handed over: one larger than the rule reaches nobody,
+    /// and one at the size goes through.
+    func testAPolicySizeLimitRefusesALargerFile() throws {
+        let world = try World { _ in "[Flow]\nFrom=any\nTo=any\nLargerThan=1M\nAction=deny\n" }
+        let (source, destination) = try dropped(world, #"""
+            {"type":"application/x-big","kind":"file","size":1048577},{"type":"application/x-fits","kind":"file","size":1048576}
+            """#)
+        XCTAssertEqual(destination.run("loadfile 0 application/x-big"), err(.accessDenied,
+            "The administrator's policy forbids more than 1048576 bytes of application/x-big from \(source.executable.path) to \(destination.executable.path) (rule at \(world.paths.policyFile.path):1)"))
+        XCTAssertEqual(destination.run("loadfile 0 application/x-fits").prefix(11), "OK 1048576 ")
+        let loads = try world.daemon.waitForLog { log -> [LoadRecord]? in
+            let loads = try log.loads()
+            return loads.count == 2 ? loads.sorted { ($0.id ?? 0) < ($1.id ?? 0) } : nil
+        }
+        XCTAssertEqual(loads.map(\.typeIdentifier), ["application/x-big", "application/x-fits"])
+        XCTAssertEqual(loads.map(\.outcome), ["denied", "completed"])
+        XCTAssertEqual(loads.map(\.bytes), [0, 1_048_576], "nothing of the larger file was handed over")
+    }
+
     func testManyConcurrentLoadsAllArriveExactly() throws {
         let world = try World()
         let source = try world.peer("source-app")

@@ -549,7 +549,7 @@ final class Session {
         if rules.auditRefuses {
             throw Load.auditRefusal
         }
-        let sizeRule = representation.kind == .data ? rules.flow.byteLimit(of: canonical, from: source, to: caller, through: channel) : nil
+        let sizeRule = rules.flow.byteLimit(of: canonical, from: source, to: caller, through: channel)
         defer { nextLoadID += 1 }
         return LoadRequest(id: nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
                            destination: caller, sizeRule: sizeRule)

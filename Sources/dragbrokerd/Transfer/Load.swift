@@ -187,10 +187,7 @@ final class Load {
             case .destinationClosed:
                 finish(BrokerError(.cancelled, "The destination closed its end of the load"))
             case .limitExceeded:
-                var error = BrokerError.accessDenied(
-                    "The administrator's policy forbids more than \(sizeRule?.limit ?? 0) bytes of \(typeIdentifier) from \(source.app.appID) to \(destination.appID) (rule at \(sizeRule?.rule ?? "?"))")
-                error.rule = sizeRule?.rule
-                finish(error)
+                finish(sizeRefusal(source))
             case .failed(let reason):
                 finish(BrokerError(.failed, reason))
             }
@@ -274,6 +271,10 @@ final class Load {
                     return
                 }
                 switch result {
+                case .success(let (file, size)) where sizeRule.map({ size > $0.limit }) ?? false:
+                    // A file's size is known before any byte moves: past the rule, none does.
+                    descriptors.close(file, owners: owners)
+                    finish(sizeRefusal(source))
                 case .success(let (file, size)):
                     bytes = size
                     self.answer = nil
@@ -287,6 +288,14 @@ final class Load {
         } catch {
             finish(error)
         }
+    }
+
+    /// A size rule's refusal, whether a stream passed the size or a file was larger than it.
+    private func sizeRefusal(_ source: LoadSource) -> BrokerError {
+        var error = BrokerError.accessDenied(
+            "The administrator's policy forbids more than \(sizeRule?.limit ?? 0) bytes of \(typeIdentifier) from \(source.app.appID) to \(destination.appID) (rule at \(sizeRule?.rule ?? "?"))")
+        error.rule = sizeRule?.rule
+        return error
     }
 
     // MARK: The provider
