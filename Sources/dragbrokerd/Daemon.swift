@@ -34,6 +34,10 @@ final class Daemon {
     private var countChangePending = false
     /// With `--exit-idle-time`, how long to stay up with no session, in microseconds.
     var idleExit: UInt64?
+    /// How often retention runs besides at start and on reload (monotonic µs), and when it
+    /// last ran: see `applyRetentionIfDue`.
+    var retentionInterval: UInt64 = 86_400 * 1_000_000
+    private var lastRetention: UInt64 = 0
     private var idleTimer: LoopTimer?
     /// Called when the daemon has been idle for `idleExit`.
     var onIdle: (() -> Void)?
@@ -117,7 +121,17 @@ final class Daemon {
             let count = registry.count
             ServiceManager.notify("STATUS=\(count) live session\(count == 1 ? "" : "s")")
             armIdleTimer()
+            applyRetentionIfDue()
         }
+    }
+
+    /// A daemon that never idles out must still forget what `RetentionDays=` says to: as
+    /// sessions come and go, retention runs again once a day has passed since it last did.
+    /// Records only grow with sessions, so this needs no timer of its own, and an idle
+    /// daemon keeps sleeping.
+    private func applyRetentionIfDue() {
+        guard Kernel.monotonicMicroseconds() - lastRetention >= retentionInterval else { return }
+        applyRetention()
     }
 
     /// Arms the idle timer only while there is no session: never a periodic wakeup.
@@ -161,6 +175,7 @@ final class Daemon {
     /// Drops log records older than `RetentionDays=` (0 keeps everything), on the log's writer
     /// queue: the bus loop never waits for SQLite, whose delete may wait seconds for a lock.
     func applyRetention() {
+        lastRetention = Kernel.monotonicMicroseconds()
         let days = registry.policy.audit.retentionDays
         guard days > 0 else { return }
         audit.transferLog.prune(endedBefore: Date().addingTimeInterval(-Double(days) * 86_400)) { [logger] result in

@@ -15,6 +15,7 @@ struct Options {
     var policyDirectory = "/etc/dragbroker"
     var exitIdleTime: UInt64?
     var auditQueueLimit = TransferLog.defaultQueueCapacity
+    var retentionInterval: UInt64 = 86_400 * 1_000_000
 
     static let usage = """
         Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR] [--exit-idle-time SEC]
@@ -30,6 +31,8 @@ struct Options {
                                    (for bus activation)
           --audit-queue-limit N    for tests: keep at most N records in memory while the transfer
                                    log cannot be written, counting any more as a gap (default 10000)
+          --retention-interval SEC for tests: apply RetentionDays= again once SEC seconds have passed
+                                   since it last ran, when sessions come or go (default 86400)
           --version                print the version and exit
           -h, --help               print this help and exit
         """
@@ -59,6 +62,12 @@ struct Options {
                 let text = value(argument)
                 guard let limit = Int(text), limit > 0 else { fail("--audit-queue-limit needs a positive number, not '\(text)'") }
                 options.auditQueueLimit = limit
+            case "--retention-interval":
+                let text = value(argument)
+                guard let seconds = UInt64(text), seconds > 0, seconds <= maxExitIdleSeconds else {
+                    fail("--retention-interval needs a positive number of seconds up to \(maxExitIdleSeconds) (a year), not '\(text)'")
+                }
+                options.retentionInterval = seconds * 1_000_000
             case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
             case "-h", "--help": print(usage); exit(0)
             default: fail("unknown argument '\(argument)'")
@@ -240,6 +249,7 @@ func runDaemon() -> Int32 {
             loop.exit()
         }
         daemon.idleExit = options.exitIdleTime
+        daemon.retentionInterval = options.retentionInterval
         daemon.onIdle = {
             // Give the name back first, so the next caller activates a new daemon.
             try? bus.releaseName(BrokerNames.busName)

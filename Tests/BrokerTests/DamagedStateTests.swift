@@ -72,6 +72,28 @@ final class DamagedStateTests: XCTestCase, AuditDrags {
         XCTAssertEqual(try drop("three", from: try world.peer("new-source"), on: try world.peer("new-destination")), "s3")
     }
 
+    /// A daemon that never idles out still applies retention: once the interval has passed
+    /// since it last ran (a day, here a second), the next session to come or go runs it.
+    func testRetentionRunsAgainWhileTheDaemonServes() throws {
+        let world = try AuditWorld(policy: "[Audit]\nRetentionDays=1\n", arguments: ["--retention-interval", "1"])
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        try drag("one", from: source, to: destination)
+        try drag("two", from: source, to: destination)
+        _ = try world.daemon.waitForLog { try $0.loads().count == 2 ? true : nil }
+        let threeDaysAgo = Int64((Date().timeIntervalSince1970 - 3 * 86_400) * 1_000_000)
+        try sqlite(world, "UPDATE session SET startedAt = \(threeDaysAgo), endedAt = \(threeDaysAgo); UPDATE load SET startedAt = \(threeDaysAgo), endedAt = \(threeDaysAgo);")
+        usleep(1_100_000)
+        try drag("three", from: source, to: destination)
+        XCTAssertNotNil(world.daemon.stderr.take(timeout: 10) { $0.contains("Removed 4 transfer log record(s) older than 1 days") },
+                        world.daemon.stderr.text)
+        let sessions = try world.daemon.waitForLog { log -> [SessionRecord]? in
+            let sessions = try log.sessions()
+            return sessions.count == 1 ? sessions : nil
+        }
+        XCTAssertEqual(sessions.map(\.sessionID), ["s3"])
+    }
+
     /// kill -9, then a write-ahead log damaged at its first frame: SQLite's recovery drops every
     /// frame from there, and with them every session of the run. The next daemon says how many
     /// sessions the log lost, records them as a gap, and hands none of their IDs out again.
@@ -282,8 +304,9 @@ final class DamagedStateTests: XCTestCase, AuditDrags {
     }
 
     func sqlite(_ world: AuditWorld, _ sql: String) throws {
-        let child = try Child(executable: URL(fileURLWithPath: "/usr/bin/sqlite3"), arguments: [world.daemon.transferLogPath, sql],
-                              environment: [:])
+        // Waits for the lock a running daemon's writer may hold, rather than failing at once.
+        let child = try Child(executable: URL(fileURLWithPath: "/usr/bin/sqlite3"),
+                              arguments: ["-cmd", ".timeout 5000", world.daemon.transferLogPath, sql], environment: [:])
         child.process.waitUntilExit()
         guard child.process.terminationStatus == 0 else { throw HarnessError("sqlite3 failed: \(child.stderr.text)") }
     }
