@@ -543,8 +543,9 @@ extension TransferLog {
         (directory as NSString).appendingPathComponent(fileName)
     }
 
-    /// Where the daemon keeps its log: `$DRAGBROKER_STATE_DIRECTORY` (e.g. set
-    /// from systemd's `StateDirectory=`), then the XDG state directory.
+    /// Where the log is when nothing names its directory: `$DRAGBROKER_STATE_DIRECTORY` (how
+    /// dragctl is pointed at another daemon's log), then `$XDG_STATE_HOME/dragbroker`, then
+    /// `~/.local/state/dragbroker`. The daemon asks systemd's `$STATE_DIRECTORY` first.
     public static func defaultPath(
         environment: [String: String] = ProcessInfo.processInfo.environment
     ) -> String {
