@@ -74,7 +74,7 @@ MANUALS := $(wildcard man/*.[1-8])
 INSTALLED := $(LIBEXECDIR)/dragbrokerd $(BINDIR)/dragctl $(USERUNITDIR)/dragbrokerd.service \
 	$(DBUSSERVICEDIR)/org.dragbroker.Broker1.service $(ZSHCOMPDIR)/_dragctl \
 	$(FISHCOMPDIR)/dragctl.fish $(MANDIR)/man1/dragctl.1 $(DOCDIR)/README.md $(DOCDIR)/examples/dragbroker.conf \
-	$(if $(wildcard systemd/dragbroker.catalog),$(CATALOGDIR)/dragbroker.catalog) \
+	$(CATALOGDIR)/dragbroker.catalog \
 	$(foreach page,$(MANUALS),$(MANDIR)/man$(subst .,,$(suffix $(page)))/$(notdir $(page))) \
 	$(if $(BASHCOMPDIR),$(BASHCOMPDIR)/dragctl)
 
@@ -108,7 +108,7 @@ install: $(BUILT)/dragbrokerd generated
 	install -m 0644 $(BUILT)/generated/dragctl.fish $(DESTDIR)$(FISHCOMPDIR)/dragctl.fish
 	install -m 0644 $(BUILT)/generated/dragctl.1 $(DESTDIR)$(MANDIR)/man1/dragctl.1
 	$(foreach page,$(MANUALS),install -D -m 0644 $(page) $(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(page)))/$(notdir $(page));)
-	$(if $(wildcard systemd/dragbroker.catalog),install -D -m 0644 systemd/dragbroker.catalog $(DESTDIR)$(CATALOGDIR)/dragbroker.catalog)
+	install -D -m 0644 systemd/dragbroker.catalog $(DESTDIR)$(CATALOGDIR)/dragbroker.catalog
 	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	install -m 0644 examples/dragbroker.conf $(DESTDIR)$(DOCDIR)/examples/dragbroker.conf
 	# An administrator's policy is never overwritten: only a missing one is installed.

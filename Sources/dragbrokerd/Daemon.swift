@@ -36,7 +36,8 @@ final class Daemon {
     var idleExit: UInt64?
     /// How often retention runs besides at start and on reload (monotonic µs), and when it
     /// last ran: see `applyRetentionIfDue`.
-    var retentionInterval: UInt64 = 86_400 * 1_000_000
+    var retentionInterval = Daemon.defaultRetentionInterval
+    static let defaultRetentionInterval: UInt64 = 86_400 * 1_000_000
     private var lastRetention: UInt64 = 0
     private var idleTimer: LoopTimer?
     /// Called when the daemon has been idle for `idleExit`.

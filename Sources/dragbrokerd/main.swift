@@ -15,7 +15,7 @@ struct Options {
     var policyDirectory = "/etc/dragbroker"
     var exitIdleTime: UInt64?
     var auditQueueLimit = TransferLog.defaultQueueCapacity
-    var retentionInterval: UInt64 = 86_400 * 1_000_000
+    var retentionInterval = Daemon.defaultRetentionInterval
 
     static let usage = """
         Usage: dragbrokerd [--address ADDRESS] [--state-directory DIR] [--policy-directory DIR] [--exit-idle-time SEC]
@@ -37,7 +37,8 @@ struct Options {
           -h, --help               print this help and exit
         """
 
-    static let maxExitIdleSeconds: UInt64 = 365 * 24 * 3600
+    /// The longest span a flag takes, a year: bounded, so its count in microseconds cannot overflow.
+    static let maxSeconds: UInt64 = 365 * 24 * 3600
 
     static func parse(_ arguments: [String]) -> Options {
         var options = Options()
@@ -46,28 +47,24 @@ struct Options {
             guard let v = rest.popFirst() else { fail("\(flag) needs a value") }
             return v
         }
+        func microseconds(_ flag: String) -> UInt64 {
+            let text = value(flag)
+            guard let seconds = UInt64(text), seconds > 0, seconds <= maxSeconds else {
+                fail("\(flag) needs a positive number of seconds up to \(maxSeconds) (a year), not '\(text)'")
+            }
+            return seconds * 1_000_000
+        }
         while let argument = rest.popFirst() {
             switch argument {
             case "--address": options.address = value(argument)
             case "--state-directory": options.stateDirectory = value(argument)
             case "--policy-directory": options.policyDirectory = value(argument)
-            case "--exit-idle-time":
-                let text = value(argument)
-                // Bounded, so the count in microseconds cannot overflow.
-                guard let seconds = UInt64(text), seconds > 0, seconds <= maxExitIdleSeconds else {
-                    fail("--exit-idle-time needs a positive number of seconds up to \(maxExitIdleSeconds) (a year), not '\(text)'")
-                }
-                options.exitIdleTime = seconds * 1_000_000
+            case "--exit-idle-time": options.exitIdleTime = microseconds(argument)
             case "--audit-queue-limit":
                 let text = value(argument)
                 guard let limit = Int(text), limit > 0 else { fail("--audit-queue-limit needs a positive number, not '\(text)'") }
                 options.auditQueueLimit = limit
-            case "--retention-interval":
-                let text = value(argument)
-                guard let seconds = UInt64(text), seconds > 0, seconds <= maxExitIdleSeconds else {
-                    fail("--retention-interval needs a positive number of seconds up to \(maxExitIdleSeconds) (a year), not '\(text)'")
-                }
-                options.retentionInterval = seconds * 1_000_000
+            case "--retention-interval": options.retentionInterval = microseconds(argument)
             case "--version": print("dragbrokerd \(BrokerVersion.current)"); exit(0)
             case "-h", "--help": print(usage); exit(0)
             default: fail("unknown argument '\(argument)'")

@@ -135,15 +135,17 @@ final class SystemdTests: XCTestCase {
         XCTAssertEqual(try files(under: destdir), ["/etc/dragbroker/dragbroker.conf"])
     }
 
-    /// An idle time too long to count in microseconds is a usage error, not an overflow trap.
+    /// A span too long to count in microseconds is a usage error, not an overflow trap.
     func testAnIdleTimeBeyondAYearIsAUsageError() throws {
-        for value in ["18446744073709551615", "31536001", "0", "-1"] {
-            let child = try Child(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
-                                  arguments: ["--exit-idle-time", value], environment: [:])
-            XCTAssertEqual(child.stderr.take(timeout: 10) { _ in true },
-                           "dragbrokerd: --exit-idle-time needs a positive number of seconds up to 31536000 (a year), not '\(value)'")
-            child.process.waitUntilExit()
-            XCTAssertEqual(child.process.terminationStatus, 2, value)
+        for flag in ["--exit-idle-time", "--retention-interval"] {
+            for value in ["18446744073709551615", "31536001", "0", "-1"] {
+                let child = try Child(executable: productsDirectory.appendingPathComponent("dragbrokerd"),
+                                      arguments: [flag, value], environment: [:])
+                XCTAssertEqual(child.stderr.take(timeout: 10) { _ in true },
+                               "dragbrokerd: \(flag) needs a positive number of seconds up to 31536000 (a year), not '\(value)'")
+                child.process.waitUntilExit()
+                XCTAssertEqual(child.process.terminationStatus, 2, "\(flag) \(value)")
+            }
         }
     }
 
