@@ -228,7 +228,8 @@ public enum SessionMember: String, InterfaceTable {
                 exact type, then the same type with more parameters, then a subtype; the first listed among
                 equally close ones). Answers a descriptor, the load's ID and its kind. For "data", the read end of a pipe: read to
                 end of file, then LoadFinished(load, bytes, error, message) says whether every byte arrived.
-                For "file", the source's read-only file or sealed memfd itself.
+                For "file", the source's read-only file or sealed memfd itself, or AccessDenied naming the
+                rule when the file is larger than a LargerThan= flow rule allows.
                 """)
         case .cancelLoad:
             .method(in: [A("load", "u")], doc: """
