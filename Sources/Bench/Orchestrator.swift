@@ -142,6 +142,15 @@ enum Orchestrator {
         let echo = try EchoClient(address: world.address)
         defer { echo.close() }
         let connection = try await BrokerConnection.connect(address: world.address)
+        // For work on the pump: only section (i).
+        if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_CONCURRENT_ONLY"] != nil {
+            let devNull = try FileDescriptor.open("/dev/null", .writeOnly, options: .closeOnExec)
+            defer { try? devNull.close() }
+            let concurrent = try await Concurrent.run(world: world, connection: connection, devNull: devNull)
+            try world.source.send("quit")
+            _ = world.source.waitForExit(timeout: 10)
+            return concurrent.lines + concurrent.keys
+        }
         let drop = try await connection.presentToken(world.token)
         let items = try await drop.items()
         let expected = Set([BenchTypes.data256M, BenchTypes.data1G, BenchTypes.small, BenchTypes.file])
@@ -154,13 +163,16 @@ enum Orchestrator {
         // (d) Update round trips: proposals exist only before the drop, so this comes first.
         progress("(d) proposal Update round trip vs echo: \(latencyWarmup) warm-up, up to \(latencyIterations) pairs or \(Int(latencyBudget)) s")
         guard try await drop.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
-        let update = try await measurePaired(op: {
+        let updateOp: () async throws -> UInt64 = {
             let start = monotonicNanos()
             let allowed = try await drop.update(proposing: .copy)
             let elapsed = monotonicNanos() - start
             guard allowed == .copy else { throw BenchError("Update answered \(allowed)") }
             return elapsed
-        }, echo: ping)
+        }
+        let update = try await measurePaired(op: updateOp, echo: ping)
+        // The same with the connection's loop as the task's executor (h).
+        let updateOnLoop = try await measurePaired(on: connection, op: updateOp, echo: ping)
 
         guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
         // (h) The same calls from a plain C client, each right after the library's.
@@ -177,6 +189,7 @@ enum Orchestrator {
         progress("(c) Load to first byte (\(BenchSizes.small)-byte data representation, loadStream) vs echo")
         let firstByteOp: () async throws -> UInt64 = { try await timeToFirstByte(from: drop) }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
+        let firstByteOnLoop = try await measurePaired(on: connection, op: firstByteOp, echo: ping)
         progress("(h) the C client: Load to first byte")
         let cFirstByte = try baseline.measure("firstbyte")
         // Gone before the drags in a row are counted, which it would share the machine with.
@@ -230,7 +243,7 @@ enum Orchestrator {
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
                     "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
                     "(d) Update", pairLine(update)] + rateLines + pasteLines
-                    + { $0.lines + $0.keys }(baselineLines(update: (update, cUpdate), firstByte: (firstByte, cFirstByte), handover: nil,
+                    + { $0.lines + $0.keys }(baselineLines(update: (update, updateOnLoop, cUpdate), firstByte: (firstByte, firstByteOnLoop, cFirstByte), handover: nil,
                                                            echoOnLoop: echoOnLoop)) + [
                     "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
                     "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
@@ -256,6 +269,7 @@ enum Orchestrator {
             return elapsed
         }
         let handover = try await measurePaired(op: handoverOp, echo: ping)
+        let handoverOnLoop = try await measurePaired(on: connection, op: handoverOp, echo: ping)
         progress("(h) the C client: file handover")
         let handoverBaseline = try CBaseline(world: world)
         try handoverBaseline.drop()
@@ -385,7 +399,8 @@ enum Orchestrator {
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
         report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
-        let cLines = baselineLines(update: (update, cUpdate), firstByte: (firstByte, cFirstByte), handover: (handover, cHandover),
+        let cLines = baselineLines(update: (update, updateOnLoop, cUpdate), firstByte: (firstByte, firstByteOnLoop, cFirstByte),
+                                   handover: (handover, handoverOnLoop, cHandover),
                                    echoOnLoop: echoOnLoop)
         report += cLines.lines
         report += concurrent.lines
@@ -408,18 +423,27 @@ enum Orchestrator {
     }
 
     /// (h): the C client's figures beside the library's, and the library's p50 over C's.
-    static func baselineLines(update: (Paired, CBaseline.Figures), firstByte: (Paired, CBaseline.Figures),
-                              handover: (Paired, CBaseline.Figures)?, echoOnLoop: Paired) -> (lines: [String], keys: [String]) {
+    /// The library's figures for one kind of call: from an arbitrary task, and from a task that
+    /// prefers the connection's loop as its executor.
+    typealias LibraryAndC = (fromTask: Paired, onLoop: Paired, c: CBaseline.Figures)
+
+    static func baselineLines(update: LibraryAndC, firstByte: LibraryAndC, handover: LibraryAndC?,
+                              echoOnLoop: Paired) -> (lines: [String], keys: [String]) {
         var lines = ["(h) the same calls from a plain C client on sd-bus (blocking sd_bus_call, no threads), each measured",
-                     "    right after BrokerClient's; ratio = BrokerClient p50 / C p50",
+                     "    right after BrokerClient's; ratio = BrokerClient p50 / C p50. BrokerClient is measured twice: inside",
+                     "    withTaskExecutorPreference(connection.taskExecutor), as the C client calls from the thread that reads the",
+                     "    replies (client_*_vs_c), and from an arbitrary task, two thread hops per call (client_*_from_task_vs_c)",
                      "  echo timed on the loop's thread (no hop to or from the caller's task) against the echo from a task:",
                      pairLine(echoOnLoop)]
         var keys: [String] = []
-        for (name, key, pair) in [("Update", "client_update_vs_c", update), ("Load → first byte", "client_first_byte_vs_c", firstByte)]
-            + (handover.map { [("file handover", "client_handover_vs_c", $0)] } ?? []) {
-            lines.append("  \(name), C:\(pair.1.line)")
-            lines.append("    BrokerClient/C p50 \(format(CBaseline.ratio(pair.0, pair.1), 2))")
-            keys.append("\(key)=\(format(CBaseline.ratio(pair.0, pair.1), 2))")
+        for (name, key, figures) in [("Update", "update", update), ("Load → first byte", "first_byte", firstByte)]
+            + (handover.map { [("file handover", "handover", $0)] } ?? []) {
+            lines.append("  \(name), C:\(figures.c.line)")
+            lines.append("    on the connection's executor:\(pairLine(figures.onLoop))")
+            lines.append("    BrokerClient/C p50: on the connection's executor \(format(CBaseline.ratio(figures.onLoop, figures.c), 2)), "
+                         + "from a task \(format(CBaseline.ratio(figures.fromTask, figures.c), 2))")
+            keys.append("client_\(key)_vs_c=\(format(CBaseline.ratio(figures.onLoop, figures.c), 2))")
+            keys.append("client_\(key)_from_task_vs_c=\(format(CBaseline.ratio(figures.fromTask, figures.c), 2))")
         }
         return (lines, keys)
     }
@@ -468,6 +492,14 @@ enum Orchestrator {
         }
         guard total == BenchSizes.small, first > 0 else { throw BenchError("the small load delivered \(total) bytes") }
         return first
+    }
+
+    /// As below, with `connection`'s loop as the task's executor throughout.
+    static func measurePaired(on connection: BrokerConnection, op: () async throws -> UInt64,
+                              echo: () async throws -> Void) async throws -> Paired {
+        try await withTaskExecutorPreference(connection.taskExecutor) {
+            try await measurePaired(op: op, echo: echo)
+        }
     }
 
     static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {

@@ -30,6 +30,18 @@ public actor BrokerConnection {
 
     public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
+    /// The connection's event loop, as a task executor. Called from an arbitrary task, each
+    /// call to the broker hops to the loop's thread to be sent and hops back once its reply
+    /// came: two thread wake-ups. Code that makes call after call (a destination handling a
+    /// drop: enter, update, perform, load) makes none inside
+    /// `withTaskExecutorPreference(connection.taskExecutor) { … }`: the call is sent, and its
+    /// reply resumes the task, on the thread that read it, as a C client on sd-bus does on its
+    /// own thread. What blocks or computes for long belongs elsewhere: on the loop it holds up
+    /// every reply and event of this connection. Loads read and write their descriptors off
+    /// the loop either way. Code isolated to an actor (the main actor) runs on that actor's
+    /// executor whatever the preference.
+    public nonisolated var taskExecutor: any TaskExecutor { loop }
+
     private init(loop: EventLoop, bus: Bus) {
         self.loop = loop
         self.bus = bus

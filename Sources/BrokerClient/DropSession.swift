@@ -110,9 +110,10 @@ public final class DropSession: Sendable {
     /// Loads a representation as a stream of chunks, for data too large to hold at once.
     public func loadStream(item: Int, typeIdentifier: String) -> AsyncThrowingStream<Data, Error> {
         AsyncThrowingStream { continuation in
-            let task = Task {
+            // On the loop, where the Load call's reply lands: no hop there and back for it.
+            let task = Task(executorPreference: connection.taskExecutor) {
                 do {
-                    _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, _ in
+                    _ = try await self.load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, _ in
                         try await DescriptorIO.readChunks(consuming: fd) { continuation.yield($0) }
                     }
                     continuation.finish()

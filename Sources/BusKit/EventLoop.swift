@@ -79,6 +79,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     public func start(name: String = "sd-event") {
         let started = DispatchSemaphore(value: 0)
         let thread = Thread { [self] in
+            Kernel.nameCurrentThread(name)
             loopThread.store(pthread_self(), ordering: .releasing)
             started.signal()
             _ = sd_event_loop(handle)

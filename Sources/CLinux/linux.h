@@ -14,11 +14,15 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 static inline int linux_errno(void) { return errno; }
+
+/* prctl is variadic. The kernel keeps 15 bytes of the name. */
+static inline int linux_set_thread_name(const char *name) { return prctl(PR_SET_NAME, name, 0, 0, 0); }
 
 /* Swift sees `flock` as fcntl's struct, not the call. */
 static inline int linux_flock_exclusive(int fd) { return flock(fd, LOCK_EX | LOCK_NB); }

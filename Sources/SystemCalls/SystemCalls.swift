@@ -440,6 +440,13 @@ public enum Kernel {
         FileDescriptor(rawValue: try valueOrErrno { linux_eventfd() })
     }
 
+    /// Names the calling thread for the kernel (`top -H`, `perf`, /proc/…/comm), cut to the 15
+    /// bytes it keeps. Foundation's `Thread.name` does not reach the kernel: without this a
+    /// thread keeps the name of the thread that started it.
+    public static func nameCurrentThread(_ name: String) {
+        _ = linux_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
+    }
+
     /// A peer that closes its pipe must cost an EPIPE, never the process.
     public static func ignoreSIGPIPE() {
         linux_ignore_sigpipe()

@@ -31,3 +31,23 @@ final class LoopConfinementTests: XCTestCase {
         XCTAssertEqual(destination.stderr.all { $0.contains("Fatal error") }, [])
     }
 }
+
+extension LoopConfinementTests {
+    /// `BrokerConnection.taskExecutor`: a task that prefers it is on the connection's loop
+    /// before a call and is resumed there by the reply, with no thread in between; a plain
+    /// task is resumed on another thread.
+    func testATaskPreferringTheConnectionsExecutorRunsItsCallsOnTheLoop() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"text/plain","text":"hi"}]}]}"#)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("updatethreads copy loop"), "OK copy dragbroker-clie dragbroker-clie")
+        let plain = destination.run("updatethreads copy task").split(separator: " ").map(String.init)
+        XCTAssertEqual(plain.prefix(2), ["OK", "copy"])
+        XCTAssertEqual(plain.count, 4, plain.joined(separator: " "))
+        XCTAssertNotEqual(plain.last, "dragbroker-clie", "a plain task is resumed off the loop")
+        XCTAssertEqual(destination.run("update copy"), "OK copy", "the session still answers from any task")
+    }
+}

@@ -142,6 +142,14 @@ final class Peer: Sendable {
             case "enter": return "OK " + (try await lastDrop().enter(proposing: operation(args[0]))).rawValue
             case "update": return "OK " + (try await lastDrop().update(proposing: operation(args[0]))).rawValue
             case "exit": try await lastDrop().exit(); return "OK"
+            case "updatethreads":
+                // updatethreads <op> <loop|task>: Update from a task that prefers the connection's
+                // executor, or from a plain task; answers the threads it ran on before and after.
+                let drop = try lastDrop(), proposal = try operation(args[0])
+                let answer = args[1] == "loop"
+                    ? try await withTaskExecutorPreference(connection.taskExecutor) { try await threadsAround(drop, proposal) }
+                    : try await Task.detached { try await threadsAround(drop, proposal) }.value
+                return "OK " + answer
             case "drop": return "OK " + (try await lastDrop().performDrop()).rawValue
             case "load":
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
@@ -587,4 +595,18 @@ func makeFile(_ kind: String, _ bytes: Data) throws -> FileDescriptor {
     default:
         throw BrokerError(.invalidArgument, "peer: unknown file kind \(kind)")
     }
+}
+
+/// An Update, with the threads it ran on before and after, as a nonisolated async function
+/// runs: on the task's preferred executor, if it has one.
+func threadsAround(_ drop: DropSession, _ proposal: DropOperation) async throws -> String {
+    let before = currentThreadName()
+    let allowed = try await drop.update(proposing: proposal)
+    return "\(allowed.rawValue) \(before) \(currentThreadName())"
+}
+
+/// The name of the thread running the caller, as the kernel knows it (at most 15 bytes).
+func currentThreadName() -> String {
+    let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "?"
+    return comm.trimmingCharacters(in: .newlines)
 }
