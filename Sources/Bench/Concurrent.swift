@@ -2,11 +2,14 @@ import BrokerClient
 import Foundation
 import Glibc
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// Section (i): N loads of 64 MiB at once through the daemon, against N plain pipes at once
 /// between the same two processes, for N = 4 and 16. The plain pipes are made here and
-/// opened by the source through /proc, as the single plain pipe of (a) is.
+/// opened by the source through /proc, as the single plain pipe of (a) is. They are read twice
+/// over: into a buffer, as an app reads a pipe, and spliced into /dev/null, as `load(into:)`
+/// reads the broker's pipe, so the destination's side costs the same in both.
 enum Concurrent {
     static let counts = [4, 16]
     static let size = BenchSizes.mib64
@@ -59,10 +62,10 @@ enum Concurrent {
             guard received == UInt64(count * size) else { throw BenchError("\(count) loads delivered \(received) bytes") }
             return Orchestrator.mibPerSecond(count * size, elapsed)
         }
-        func plain(_ count: Int) async throws -> Double {
+        func plain(_ count: Int, spliced: Bool = false) async throws -> Double {
             let start = monotonicNanos()
             try world.source.send("plainmany \(count) \(size)")
-            let received = try await readAll(world.concurrentReadEnds.prefix(count))
+            let received = try await readAll(world.concurrentReadEnds.prefix(count), splicedInto: spliced ? devNull : nil)
             let elapsed = monotonicNanos() - start
             guard received == count * size else { throw BenchError("\(count) plain pipes delivered \(received) bytes") }
             guard world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK plainmany") || $0.hasPrefix("ERR") })?.hasPrefix("OK") == true else {
@@ -73,27 +76,34 @@ enum Concurrent {
 
         var result = Result()
         result.lines.append("(i) concurrent loads: N loads of 64 MiB at once through the daemon (load(into: /dev/null)), against N plain")
-        result.lines.append("    pipes at once between the same two processes, each written and read by a thread of its own;")
-        result.lines.append("    \(repetitions) repetitions each, alternating (ABBA) after a warm-up; ratio = median of broker/plain (aggregate MiB/s)")
+        result.lines.append("    pipes at once between the same two processes, each written and read by a thread of its own, read into a")
+        result.lines.append("    buffer (vs_pipes) and spliced into /dev/null as load(into:) does (vs_spliced_pipes);")
+        result.lines.append("    \(repetitions) repetitions each, alternating after a warm-up; ratio = median of broker/plain (aggregate MiB/s)")
         for count in counts {
             _ = try await plain(count)
             _ = try await broker(count)
+            _ = try await plain(count, spliced: true)
             var ratios: [Double] = [], plainRates: [Double] = [], brokerRates: [Double] = []
-            var plainCPU = CPUTotals(), brokerCPU = CPUTotals()
+            var splicedRatios: [Double] = [], splicedRates: [Double] = []
+            var plainCPU = CPUTotals(), brokerCPU = CPUTotals(), splicedCPU = CPUTotals()
             let deadline = monotonicNanos() + UInt64(budget * 1e9)
             var repetition = 0
             while repetition < repetitions && (repetition == 0 || monotonicNanos() < deadline) {
-                let (p, b): (Double, Double)
+                let (p, b, ps): (Double, Double, Double)
                 if repetition % 2 == 0 {
                     p = try await plainCPU.adding(world) { try await plain(count) }
                     b = try await brokerCPU.adding(world) { try await broker(count) }
+                    ps = try await splicedCPU.adding(world) { try await plain(count, spliced: true) }
                 } else {
+                    ps = try await splicedCPU.adding(world) { try await plain(count, spliced: true) }
                     b = try await brokerCPU.adding(world) { try await broker(count) }
                     p = try await plainCPU.adding(world) { try await plain(count) }
                 }
                 plainRates.append(p)
                 brokerRates.append(b)
+                splicedRates.append(ps)
                 ratios.append(b / p)
+                splicedRatios.append(b / ps)
                 repetition += 1
             }
             let ratio = Orchestrator.median(ratios)
@@ -101,8 +111,11 @@ enum Concurrent {
                                 + "\(format(Orchestrator.median(brokerRates))) MiB/s, broker/plain \(format(ratio, 3))")
             result.lines.append("    plain runs (MiB/s):  \(plainRates.map { format($0) }.joined(separator: " "))")
             result.lines.append("    broker runs (MiB/s): \(brokerRates.map { format($0) }.joined(separator: " "))")
-            result.lines.append("    CPU seconds over all repetitions: plain \(plainCPU), broker \(brokerCPU)")
+            result.lines.append("    plain spliced (MiB/s): \(splicedRates.map { format($0) }.joined(separator: " ")); broker/plain spliced "
+                                + format(Orchestrator.median(splicedRatios), 3))
+            result.lines.append("    CPU seconds over all repetitions: plain \(plainCPU), broker \(brokerCPU), plain spliced \(splicedCPU)")
             result.keys.append("concurrent_\(count)_vs_pipes=\(format(ratio, 3))")
+            result.keys.append("concurrent_\(count)_vs_spliced_pipes=\(format(Orchestrator.median(splicedRatios), 3))")
         }
         try await drop.conclude()
         return result
@@ -125,11 +138,17 @@ enum Concurrent {
         }
     }
 
-    /// Reads every pipe to `size` bytes at once, a thread each; the total read.
-    static func readAll(_ fds: ArraySlice<Int32>) async throws -> Int {
+    /// Reads every pipe to `size` bytes at once, a thread each, into a buffer or spliced into
+    /// `splicedInto`; the total read.
+    static func readAll(_ fds: ArraySlice<Int32>, splicedInto output: FileDescriptor? = nil) async throws -> Int {
         try await withThrowingTaskGroup(of: Int.self) { group in
             for fd in fds {
-                group.addTask { try await onThread { try readExactly(fd, size) } }
+                group.addTask {
+                    try await onThread {
+                        guard let output else { return try readExactly(fd, size) }
+                        return try spliceExactly(fd, size, into: output)
+                    }
+                }
             }
             return try await group.reduce(0, +)
         }
@@ -140,6 +159,17 @@ enum Concurrent {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: BenchSizes.chunk, alignment: 4096)
         defer { buffer.deallocate() }
         return try PlainReader.read(fd, size, into: buffer)
+    }
+
+    /// Up to `size` bytes from `fd` spliced into `output`, 1 MiB per splice(2).
+    static func spliceExactly(_ fd: Int32, _ size: Int, into output: FileDescriptor) throws -> Int {
+        var total = 0
+        while total < size {
+            let n = try FileDescriptor(rawValue: fd).spliceWaiting(to: output, count: min(BenchSizes.chunk, size - total))
+            if n == 0 { return total }
+            total += n
+        }
+        return total
     }
 
     /// Writes `size` bytes into each of `fds` at once, a thread each (the source's side).

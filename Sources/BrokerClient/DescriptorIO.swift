@@ -52,14 +52,37 @@ enum DescriptorIO {
         }
     }
 
-    /// Copies `fd` to end of file into `output` from one reused buffer, then closes `fd`.
-    /// Returns the byte count.
+    /// Copies `fd` to end of file into `output`, then closes `fd`. Returns the byte count.
+    ///
+    /// A data load's `fd` is the broker's pipe, so the bytes go with splice(2): the kernel
+    /// hands the pipe's pages to the file, pipe or socket, and they never pass through this
+    /// process. Where `output` takes no splice (a file opened O_APPEND, a terminal), or `fd` is
+    /// a handed-over file rather than a pipe, through one reused buffer instead.
     static func copy(consuming fd: FileDescriptor, to output: FileDescriptor) async throws -> UInt64 {
         try await offLoop {
             defer { fd.closeQuietly() }
             return try Kernel.withSIGPIPEBlocked {
-                try forEachChunk(of: fd, bufferSize: 1 << 20) { try output.writeFully($0) }
+                let spliced = try spliceAll(from: fd, to: output)
+                if spliced.complete { return spliced.moved }
+                return try spliced.moved + forEachChunk(of: fd, bufferSize: 1 << 20) { try output.writeFully($0) }
             }
+        }
+    }
+
+    /// splice(2) from `fd` into `output` until end of file (`complete`), or until `output` or
+    /// `fd` turns out to take no splice, having moved `moved` bytes by then.
+    private static func spliceAll(from fd: FileDescriptor, to output: FileDescriptor) throws(Errno) -> (moved: UInt64, complete: Bool) {
+        var moved: UInt64 = 0
+        while true {
+            let count: Int
+            do {
+                count = try fd.spliceWaiting(to: output, count: 1 << 20)
+            } catch {
+                if error == .invalidArgument { return (moved, false) }
+                throw error
+            }
+            if count == 0 { return (moved, true) }
+            moved += UInt64(count)
         }
     }
 

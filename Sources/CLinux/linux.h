@@ -31,9 +31,9 @@ static inline int linux_pipe2(int fds[2], int nonblocking) {
     return (int)syscall(SYS_pipe2, fds, O_CLOEXEC | (nonblocking ? O_NONBLOCK : 0));
 }
 
-/* SPLICE_F_MOVE (1) | SPLICE_F_NONBLOCK (2) */
-static inline ssize_t linux_splice(int in, int out, size_t len) {
-    return (ssize_t)syscall(SYS_splice, in, NULL, out, NULL, len, 1u | 2u);
+/* SPLICE_F_MOVE (1), and SPLICE_F_NONBLOCK (2) when `nonblocking`. */
+static inline ssize_t linux_splice(int in, int out, size_t len, int nonblocking) {
+    return (ssize_t)syscall(SYS_splice, in, NULL, out, NULL, len, 1u | (nonblocking ? 2u : 0u));
 }
 
 /* F_SETPIPE_SZ / F_GETPIPE_SZ: F_LINUX_SPECIFIC_BASE (1024) + 7 / + 8. */

@@ -55,7 +55,14 @@ extension FileDescriptor {
     /// moving pages rather than copying them where it can. 0 means end of file;
     /// `.resourceTemporarilyUnavailable` that either pipe is not ready.
     public func splice(to output: FileDescriptor, count: Int) throws(Errno) -> Int {
-        try valueOrErrno { linux_splice(rawValue, output.rawValue, count) }
+        try valueOrErrno { linux_splice(rawValue, output.rawValue, count, 1) }
+    }
+
+    /// splice(2) of up to `count` bytes from this pipe into `output` (a file, a pipe, a
+    /// socket), waiting as a read and a write would. 0 means end of file;
+    /// `.invalidArgument` that `output` takes no splice (a file opened O_APPEND, a terminal).
+    public func spliceWaiting(to output: FileDescriptor, count: Int) throws(Errno) -> Int {
+        try valueOrErrno { linux_splice(rawValue, output.rawValue, count, 0) }
     }
 
     /// poll(2) without waiting: which of `events` (POLLIN, POLLOUT) hold now, plus POLLHUP

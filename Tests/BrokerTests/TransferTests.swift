@@ -69,6 +69,31 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(source.handlerCalls.count, 4)
     }
 
+    /// `load(into:)` splices the broker's pipe into a file; a file opened O_APPEND takes no
+    /// splice and gets the bytes through a buffer; a file representation is copied too.
+    func testLoadIntoAFileWritesTheExactBytesWhetherOrNotItTakesASplice() throws {
+        let world = try World()
+        let size = 3 << 20 | 12_345
+        let (source, destination) = try dropped(world, """
+            {"type":"application/x-big","size":\(size),"chunk":65536},\
+            {"type":"text/plain","kind":"file","file":"memfd","text":"sealed bytes"}
+            """)
+        let expected = Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+        let spliced = world.directory.appendingPathComponent("spliced")
+        XCTAssertEqual(destination.run("loadinto 0 application/x-big \(spliced.path) truncate"), "OK \(size)")
+        XCTAssertEqual(try Data(contentsOf: spliced), expected)
+
+        let appended = world.directory.appendingPathComponent("appended")
+        try Data("head:".utf8).write(to: appended)
+        XCTAssertEqual(destination.run("loadinto 0 application/x-big \(appended.path) append"), "OK \(size)")
+        XCTAssertEqual(try Data(contentsOf: appended), Data("head:".utf8) + expected)
+
+        let file = world.directory.appendingPathComponent("file")
+        XCTAssertEqual(destination.run("loadinto 0 text/plain \(file.path) truncate"), "OK 12")
+        XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "sealed bytes")
+        XCTAssertEqual(source.handlerCalls.count, 3)
+    }
+
     func testBadDescriptorsAreRefusedByName() throws {
         let world = try World()
         let (source, destination) = try dropped(world, """

@@ -173,6 +173,12 @@ final class Peer: Sendable {
                     }
                 }
                 return "OK \(count)"
+            case "loadinto":
+                // loadinto <item> <type> <path> <truncate|append>: load(into:) a file opened so.
+                let output = try FileDescriptor.open(args[2], .writeOnly, options: [.create, .closeOnExec, args[3] == "append" ? .append : .truncate],
+                                                     permissions: [.ownerReadWrite])
+                defer { try? output.close() }
+                return "OK \(try await lastDrop().load(item: Int(args[0])!, typeIdentifier: args[1], into: output))"
             case "loadfile":
                 // The descriptor itself: its size, contents, and whether it is writable.
                 let fd = try await lastDrop().loadFile(item: Int(args[0])!, typeIdentifier: args[1])
