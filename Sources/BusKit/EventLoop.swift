@@ -86,7 +86,6 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             loopThread.store(0, ordering: .releasing)
             finished.signal()
         }
-        thread.name = name
         thread.start()
         // From here on `isCurrent` answers correctly on the loop thread; jobs enqueued
         // meanwhile wait in the queue.

@@ -132,8 +132,10 @@ final class BlockingWorkers: @unchecked Sendable {
             condition.broadcast()
         } else if threads < currentBounds.total {
             threads += 1
-            let thread = Thread { [unowned self] in serve() }
-            thread.name = "dragbrokerd-blocking"
+            let thread = Thread { [unowned self] in
+                Kernel.nameCurrentThread("dragbrokerd-blocking")
+                serve()
+            }
             thread.stackSize = 256 << 10
             thread.start()
         }
