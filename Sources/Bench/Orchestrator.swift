@@ -153,7 +153,7 @@ enum Orchestrator {
         }
         let drop = try await connection.presentToken(world.token)
         let items = try await drop.items()
-        let expected = Set([BenchTypes.data256M, BenchTypes.data1G, BenchTypes.small, BenchTypes.file])
+        let expected = Set([BenchTypes.data256M, BenchTypes.data1G, BenchTypes.small, BenchTypes.file, BenchTypes.smallHeld, BenchTypes.fileHeld])
         guard items.count == 1, Set(items[0].typeIdentifiers) == expected else {
             throw BenchError("the destination sees unexpected items: \(items)")
         }
@@ -190,6 +190,8 @@ enum Orchestrator {
         let firstByteOp: () async throws -> UInt64 = { try await timeToFirstByte(from: drop) }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
         let firstByteOnLoop = try await measurePaired(on: connection, op: firstByteOp, echo: ping)
+        // (c''') The same bytes registered as they are: no handler, answered on the source's loop.
+        let firstByteHeld = try await measurePaired(op: { try await timeToFirstByte(from: drop, of: BenchTypes.smallHeld) }, echo: ping)
         progress("(h) the C client: Load to first byte")
         let cFirstByte = try baseline.measure("firstbyte")
         // Gone before the drags in a row are counted, which it would share the machine with.
@@ -235,13 +237,19 @@ enum Orchestrator {
             "paste_call_first_byte_vs_echo_p50=\(format(pasteEach.op.micros(50) / pasteEach.echo.micros(50), 2))",
         ]
 
+        let heldFirstByteLines = [
+            "(c''') the same 4 KiB registered as they are (registerDataRepresentation(data:)): no handler runs, the source writes them on its loop",
+            pairLine(firstByteHeld),
+            "first_byte_held_vs_echo_p50=\(format(firstByteHeld.op.micros(50) / firstByteHeld.echo.micros(50), 2))"]
+
         // For work on the load path: (d) and (c) only, without the minutes the rest takes.
         if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_FIRST_BYTE_ONLY"] != nil {
             try await drop.conclude()
             try world.source.send("quit")
             _ = world.source.waitForExit(timeout: 10)
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
-                    "(c) Load → first byte", pairLine(firstByte), "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
+                    "(c) Load → first byte", pairLine(firstByte)] + heldFirstByteLines + [
+                    "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
                     "(d) Update", pairLine(update)] + rateLines + pasteLines
                     + { $0.lines + $0.keys }(baselineLines(update: (update, updateOnLoop, cUpdate), firstByte: (firstByte, firstByteOnLoop, cFirstByte), handover: nil,
                                                            echoOnLoop: echoOnLoop)) + [
@@ -261,15 +269,19 @@ enum Orchestrator {
         guard info.st_size == BenchSizes.file, seals?.contains(.write) == true else {
             throw BenchError("the file handed over has \(info.st_size) bytes and seals \(seals.map { "\($0.rawValue)" } ?? "none")")
         }
-        let handoverOp: () async throws -> UInt64 = {
-            let start = monotonicNanos()
-            let fd = try await drop.loadFile(item: 0, typeIdentifier: BenchTypes.file)
-            let elapsed = monotonicNanos() - start
-            try fd.close()
-            return elapsed
+        func handoverOp(_ type: String) -> () async throws -> UInt64 {
+            {
+                let start = monotonicNanos()
+                let fd = try await drop.loadFile(item: 0, typeIdentifier: type)
+                let elapsed = monotonicNanos() - start
+                try fd.close()
+                return elapsed
+            }
         }
-        let handover = try await measurePaired(op: handoverOp, echo: ping)
-        let handoverOnLoop = try await measurePaired(on: connection, op: handoverOp, echo: ping)
+        let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
+        let handoverOnLoop = try await measurePaired(on: connection, op: handoverOp(BenchTypes.file), echo: ping)
+        // (b') The same memfd registered as it is: no handler, answered on the source's loop.
+        let handoverHeld = try await measurePaired(op: handoverOp(BenchTypes.fileHeld), echo: ping)
         progress("(h) the C client: file handover")
         let handoverBaseline = try CBaseline(world: world)
         try handoverBaseline.drop()
@@ -331,7 +343,7 @@ enum Orchestrator {
             progress("experiments (DRAGBROKER_BENCH_EXPERIMENTS is set)")
             experiments = try await Experiments.run(
                 world: world, buffer: buffer, devNull: devNull.rawValue, plain: plain, broker: broker,
-                libraryHandover: handoverOp, libraryFirstByte: firstByteOp,
+                libraryHandover: handoverOp(BenchTypes.file), libraryFirstByte: firstByteOp,
                 libraryUpdateSession: { token in
                     let session = try await connection.presentToken(token)
                     guard try await session.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
@@ -388,8 +400,12 @@ enum Orchestrator {
         }
         report.append("(b) file handover, 1 GiB sealed memfd made before timing, Load → descriptor (loadFile)")
         report.append(pairLine(handover))
+        report.append("(b') the same memfd registered as it is (registerFileRepresentation(file:)): no handler runs, the source answers on its loop")
+        report.append(pairLine(handoverHeld))
         report.append("(c) Load (after PerformDrop) → first byte read, 4 KiB data representation, first chunk of loadStream")
         report.append(pairLine(firstByte))
+        report.append(heldFirstByteLines[0])
+        report.append(heldFirstByteLines[1])
         report.append("(c') the same with FailClosed=yes (the source is asked once the load's start record committed)")
         report.append(pairLine(failClosedFirstByte))
         report += rateLines.prefix(2)
@@ -410,7 +426,9 @@ enum Orchestrator {
         report.append("pipe_ratio_256m=\(format(ratios[BenchSizes.mib256] ?? .nan, 3))")
         report.append("pipe_ratio=\(format(ratios[BenchSizes.gib1] ?? .nan, 3))")
         report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
+        report.append("file_handover_held_vs_echo=\(format(handoverHeld.op.micros(50) / handoverHeld.echo.micros(50), 2))")
         report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
+        report.append(heldFirstByteLines[2])
         report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
         report += rateLines.suffix(2)
         report += pasteLines.suffix(2)
@@ -483,10 +501,11 @@ enum Orchestrator {
     /// neither to the next echo nor to the next operation.
     /// Nanoseconds from `start` (by default, now) to the first byte of the small
     /// representation loaded from `session` through `loadStream`, which is read to its end.
-    static func timeToFirstByte(from session: DropSession, since start: UInt64 = monotonicNanos()) async throws -> UInt64 {
+    static func timeToFirstByte(from session: DropSession, of type: String = BenchTypes.small,
+                                since start: UInt64 = monotonicNanos()) async throws -> UInt64 {
         var first: UInt64 = 0
         var total = 0
-        for try await chunk in session.loadStream(item: 0, typeIdentifier: BenchTypes.small) {
+        for try await chunk in session.loadStream(item: 0, typeIdentifier: type) {
             if first == 0 && !chunk.isEmpty { first = monotonicNanos() - start }
             total += chunk.count
         }

@@ -82,6 +82,8 @@ enum SourceRole {
                 }
             }
             provider.registerDataRepresentation(forTypeIdentifier: BenchTypes.small) { small }
+            provider.registerDataRepresentation(forTypeIdentifier: BenchTypes.smallHeld, data: small)
+            provider.registerFileRepresentation(forTypeIdentifier: BenchTypes.fileHeld, file: try memfd.duplicateCloseOnExec())
             let memfdNumber = memfd.rawValue
             provider.registerFileRepresentation(forTypeIdentifier: BenchTypes.file) {
                 // A fresh descriptor each load: the library closes what the handler returns.

@@ -13,6 +13,9 @@ enum BenchTypes {
     static let data64M = "application/x-dragbroker-bench-64m"
     static let small = "application/x-dragbroker-bench-small"
     static let file = "application/x-dragbroker-bench-file"
+    /// The same bytes and file, registered as they are rather than through a handler.
+    static let smallHeld = "application/x-dragbroker-bench-small-held"
+    static let fileHeld = "application/x-dragbroker-bench-file-held"
 }
 
 enum BenchSizes {

@@ -327,6 +327,19 @@ public actor BrokerConnection {
             throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
         }
         noteLoadRequested(sessionPath, load, item, type)
+        // Bytes already held that the fresh pipe takes at once: written and answered now, on
+        // the loop, with no task and no thread hop.
+        if case .bytes(let data) = provision, data.count < Self.announcedSize {
+            do {
+                if try DescriptorIO.writeWithoutWaiting(data, toPipe: fd) {
+                    fd.closeQuietly()
+                    return finish(call, nil, sessionPath, load)
+                }
+            } catch {
+                fd.closeQuietly()
+                return finish(call, Self.providerFailure(error), sessionPath, load)
+            }
+        }
         // The task inherits this actor: `call` stays on the loop, answered there once the
         // handler (which runs off the loop) is done.
         let task = Task {
@@ -336,45 +349,65 @@ public actor BrokerConnection {
                 defer { fd.closeQuietly() }
                 switch provision {
                 case .data(let handler):
-                    let data = try await handler()
-                    // Worth a message only when the destination will watch the bytes arrive.
-                    if data.count >= 64 << 10 {
-                        Task { await announce(sessionPath, load, UInt64(data.count)) }
-                    }
-                    try await DescriptorIO.writeAll(data, toPipe: fd)
+                    try await write(try await handler(), to: fd, sessionPath, load)
+                case .bytes(let data):
+                    try await write(data, to: fd, sessionPath, load)
                 case .stream(let writer):
                     try await writer(DataWriter(fd: fd) { [weak self] size in await self?.announce(sessionPath, load, size) })
-                case .file:
+                case .file, .heldFile:
                     throw BrokerError(.failed, "'\(type)' is a file representation")
                 }
                 failure = nil
-            } catch let error as BrokerError {
-                failure = error
-            } catch is CancellationError {
-                failure = BrokerError(.cancelled, "The load was cancelled")
             } catch {
-                failure = BrokerError(.providerFailed, "\(error)")
+                failure = Self.providerFailure(error)
             }
             finish(call, failure, sessionPath, load)
         }
         running[sessionPath, default: [:]][load] = task
     }
 
+    /// From this size on, a load's size is announced: only then will the destination watch
+    /// the bytes arrive.
+    private static let announcedSize = 64 << 10
+
+    private func write(_ data: Data, to fd: FileDescriptor, _ sessionPath: String, _ load: UInt32) async throws {
+        if data.count >= Self.announcedSize {
+            Task { await announce(sessionPath, load, UInt64(data.count)) }
+        }
+        try await DescriptorIO.writeAll(data, toPipe: fd)
+    }
+
+    /// What the broker hears when a provider's handler or its writing failed.
+    private static func providerFailure(_ error: any Error) -> BrokerError {
+        switch error {
+        case let error as BrokerError: error
+        case is CancellationError: BrokerError(.cancelled, "The load was cancelled")
+        default: BrokerError(.providerFailed, "\(error)")
+        }
+    }
+
     /// Serves a file representation: the reply carries the descriptor, which sd-bus duplicates.
     private func provideFile(_ call: MethodCall) throws(BusError) {
         let (sessionPath, item, type, load) = try loadRequest(call)
-        guard case .file(let handler) = provision(sessionPath, item, type) else {
+        let handler: ItemProvider.FileHandler
+        switch provision(sessionPath, item, type) {
+        case .file(let fileHandler):
+            handler = fileHandler
+        case .heldFile(let held):
+            // Answered now, on the loop: sd-bus sends a duplicate, and the provider keeps its own.
+            noteLoadRequested(sessionPath, load, item, type)
+            return replyWithFile(call, held.descriptor, sessionPath, load)
+        case .data, .stream, .bytes, nil:
             throw BrokerError(.notFound, "No file representation '\(type)' for item \(item)").busError
         }
         noteLoadRequested(sessionPath, load, item, type)
         let task = Task {
             do {
                 let file = try await handler()
+                defer { file.closeQuietly() }
                 replyWithFile(call, file, sessionPath, load)
-            } catch let error as BrokerError {
-                finish(call, error, sessionPath, load)
             } catch {
-                finish(call, BrokerError(.providerFailed, "\(error)"), sessionPath, load)
+                finish(call, Self.providerFailure(error), sessionPath, load)
             }
         }
         running[sessionPath, default: [:]][load] = task
@@ -409,9 +442,9 @@ public actor BrokerConnection {
         })
     }
 
+    /// Sends `file` (sd-bus sends a duplicate; the caller still owns `file`).
     private func replyWithFile(_ call: MethodCall, _ file: FileDescriptor, _ sessionPath: String, _ load: UInt32) {
         running[sessionPath]?[load] = nil
-        defer { file.closeQuietly() }
         guard !call.answered else { return }
         do {
             try call.reply { r throws(BusError) in try r.append(fileDescriptor: file.rawValue) }

@@ -33,13 +33,21 @@ enum DescriptorIO {
     /// which is most of what its first byte costs. Otherwise, or for a descriptor that is no
     /// pipe, as `writeAll`.
     static func writeAll(_ data: Data, toPipe pipe: FileDescriptor) async throws {
+        if try writeWithoutWaiting(data, toPipe: pipe) { return }
+        try await writeAll(data, to: pipe)
+    }
+
+    /// Writes all of `data` into `pipe` on the calling thread if that cannot block (the pipe is
+    /// empty and holds all of it), and says whether it did; else writes nothing.
+    static func writeWithoutWaiting(_ data: Data, toPipe pipe: FileDescriptor) throws -> Bool {
         guard let capacity = try? pipe.pipeCapacity(), data.count <= Int(capacity),
               let pending = try? pipe.bytesPending(), pending == 0 else {
-            return try await writeAll(data, to: pipe)
+            return false
         }
         try Kernel.withSIGPIPEBlocked {
             try data.withUnsafeBytes { try pipe.writeFully($0) }
         }
+        return true
     }
 
     /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),

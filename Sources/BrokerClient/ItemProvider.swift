@@ -15,6 +15,18 @@ public final class ItemProvider: Sendable {
         case data(LoadHandler)
         case stream(StreamHandler)
         case file(FileHandler)
+        /// Bytes the app already holds: no handler runs, and when they fit the broker's pipe
+        /// they are written and answered on the connection's loop, with no thread hop.
+        case bytes(Data)
+        /// A file the app already holds open: handed over on the loop, no handler run.
+        case heldFile(HeldFile)
+
+        var kind: RepresentationKind {
+            switch self {
+            case .data, .stream, .bytes: .data
+            case .file, .heldFile: .file
+            }
+        }
     }
 
     public let suggestedName: String
@@ -30,14 +42,22 @@ public final class ItemProvider: Sendable {
     /// destination loads this type, once per load.
     public func registerDataRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                            loadHandler: @escaping LoadHandler) {
-        register(typeIdentifier, visibility, .data, .data(loadHandler))
+        register(typeIdentifier, visibility, .data(loadHandler))
+    }
+
+    /// Registers a representation whose bytes the app already holds, as
+    /// `NSItemProvider(item:typeIdentifier:)` does: no handler runs when it is loaded, and
+    /// bytes that fit the broker's pipe at once are written on the connection's own thread, so
+    /// the destination's first byte costs no hop to another thread and back.
+    public func registerDataRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all, data: Data) {
+        register(typeIdentifier, visibility, .bytes(data))
     }
 
     /// Registers a representation written piece by piece, for data that is large or slow to
     /// produce: the destination starts receiving before the writer finishes.
     public func registerStreamRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                              writer: @escaping StreamHandler) {
-        register(typeIdentifier, visibility, .data, .stream(writer))
+        register(typeIdentifier, visibility, .stream(writer))
     }
 
     /// Registers a file representation: the handler returns a regular file opened read-only,
@@ -45,15 +65,24 @@ public final class ItemProvider: Sendable {
     /// destination receives the descriptor itself: no byte is copied. The library closes it.
     public func registerFileRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                            loadHandler: @escaping FileHandler) {
-        register(typeIdentifier, visibility, .file, .file(loadHandler))
+        register(typeIdentifier, visibility, .file(loadHandler))
     }
 
-    private func register(_ typeIdentifier: String, _ visibility: Visibility, _ kind: RepresentationKind, _ provision: Provision) {
+    /// Registers a file the app already holds open: a regular file opened read-only, or a
+    /// sealed memfd. The provider owns `file` from now on and closes it when it is released;
+    /// each load hands the destination a duplicate, on the connection's own thread, with no
+    /// handler to run.
+    public func registerFileRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
+                                           file: FileDescriptor) {
+        register(typeIdentifier, visibility, .heldFile(HeldFile(file)))
+    }
+
+    private func register(_ typeIdentifier: String, _ visibility: Visibility, _ provision: Provision) {
         // The broker asks for canonical MIME types: register under the same name it will use.
         // An invalid identifier is kept as given, for the broker to refuse with its reason.
         let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
         registered.withLock {
-            $0.append((RepresentationDescriptor(typeIdentifier: type, visibility: visibility, kind: kind), provision))
+            $0.append((RepresentationDescriptor(typeIdentifier: type, visibility: visibility, kind: provision.kind), provision))
         }
     }
 
@@ -67,17 +96,33 @@ public final class ItemProvider: Sendable {
                        representations: registered.withLock { $0.map(\.0) })
     }
 
-    /// A data representation's bytes, from its load handler now: what a source offers on the
+    /// A data representation's bytes, from its load handler now or as registered: what a source offers on the
     /// clipboard in the clear (`PasteboardEntry.clearOffers`). Nil for a type not registered, or
     /// registered as a stream or a file.
     public func loadDataRepresentation(forTypeIdentifier typeIdentifier: String) async throws -> Data? {
         let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
-        guard case .data(let handler) = provision(for: type) else { return nil }
-        return try await handler()
+        switch provision(for: type) {
+        case .data(let handler): return try await handler()
+        case .bytes(let data): return data
+        case .stream, .file, .heldFile, nil: return nil
+        }
     }
 
     func provision(for typeIdentifier: String) -> Provision? {
         registered.withLock { $0.first { $0.0.typeIdentifier == typeIdentifier }?.1 }
+    }
+}
+
+/// A descriptor a provider holds for as long as it lives, lent to each load.
+final class HeldFile: Sendable {
+    let descriptor: FileDescriptor
+
+    init(_ descriptor: FileDescriptor) {
+        self.descriptor = descriptor
+    }
+
+    deinit {
+        descriptor.closeQuietly()
     }
 }
 
@@ -103,13 +148,7 @@ extension ItemProvider {
     /// before. Nothing is produced until a destination loads one of them.
     public func registerObject(_ object: some ItemProviderWriting, visibility: Visibility = .all) {
         for typeIdentifier in object.writableTypeIdentifiers {
-            let provision = object.itemRepresentation(forTypeIdentifier: typeIdentifier).provision
-            let kind: RepresentationKind
-            switch provision {
-            case .data, .stream: kind = .data
-            case .file: kind = .file
-            }
-            register(typeIdentifier, visibility, kind, provision)
+            register(typeIdentifier, visibility, object.itemRepresentation(forTypeIdentifier: typeIdentifier).provision)
         }
     }
 }

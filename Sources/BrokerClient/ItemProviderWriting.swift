@@ -32,6 +32,12 @@ public struct ItemRepresentation: Sendable {
         ItemRepresentation(provision: .data(loadHandler))
     }
 
+    /// Bytes the value already is, as `registerDataRepresentation(forTypeIdentifier:data:)`:
+    /// small ones are served on the connection's own thread, with no handler to run.
+    public static func data(_ bytes: Data) -> ItemRepresentation {
+        ItemRepresentation(provision: .bytes(bytes))
+    }
+
     /// Bytes written piece by piece, as `registerStreamRepresentation`.
     public static func stream(_ writer: @escaping ItemProvider.StreamHandler) -> ItemRepresentation {
         ItemRepresentation(provision: .stream(writer))
@@ -49,8 +55,7 @@ extension String: ItemProviderWriting {
     /// UTF-8 under both names: a destination that ignores the charset still gets text it can
     /// read, since the Linux desktop's text/plain is UTF-8 in practice.
     public func itemRepresentation(forTypeIdentifier typeIdentifier: String) -> ItemRepresentation {
-        let bytes = Data(utf8)
-        return .data { bytes }
+        .data(Data(utf8))
     }
 }
 
@@ -58,8 +63,7 @@ extension Data: ItemProviderWriting {
     public var writableTypeIdentifiers: [String] { ["application/octet-stream"] }
 
     public func itemRepresentation(forTypeIdentifier typeIdentifier: String) -> ItemRepresentation {
-        let bytes = self
-        return .data { bytes }
+        .data(self)
     }
 }
 
@@ -76,8 +80,7 @@ extension URL: ItemProviderWriting {
     public func itemRepresentation(forTypeIdentifier typeIdentifier: String) -> ItemRepresentation {
         guard isFileURL else {
             // RFC 2483: each URI ends with CRLF.
-            let line = Data((absoluteString + "\r\n").utf8)
-            return .data { line }
+            return .data(Data((absoluteString + "\r\n").utf8))
         }
         // Opened when loaded, not when registered: the destination gets the file as it is at
         // the drop, and no descriptor is held for a drag that is never dropped.

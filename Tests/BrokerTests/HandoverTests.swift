@@ -39,6 +39,24 @@ final class HandoverTests: XCTestCase {
         XCTAssertEqual(destination.run("loadfile 0 text/html"), "OK 14 readonly \(base64("from the start"))")
     }
 
+    /// A file the source registered open, once, is judged at every load as a handler's file is,
+    /// and each destination's reading of it starts at its first byte, whatever the source did
+    /// with its own offset.
+    func testAFileRegisteredOpenIsJudgedAndReadFromItsStartAtEveryLoad() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        try dropped(world, """
+            {"type":"text/html","kind":"file","file":"advanced","text":"from the start","ready":true},\
+            {"type":"application/x-writable","kind":"file","file":"writable","text":"w","ready":true}
+            """, source: source, destination: destination)
+        for _ in 0..<2 {
+            XCTAssertEqual(destination.run("loadfile 0 text/html"), "OK 14 readonly \(base64("from the start"))")
+            XCTAssertEqual(destination.run("loadfile 0 application/x-writable"),
+                           err(.providerFailed, "The source handed over a file open for writing: open it read-only, or pass a sealed memfd"))
+        }
+        XCTAssertEqual(source.handlerCalls, [])
+    }
+
     /// The daemon as root, on a bus two other users share: an unprivileged source cannot make
     /// it read what the source could not (`/etc/shadow` through O_PATH), and what the source
     /// may read reaches the other user exactly.

@@ -69,6 +69,35 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(source.handlerCalls.count, 4)
     }
 
+    /// Bytes and files the source registered as they are: no handler runs, and each load gets
+    /// them exactly, as often as it asks. Small bytes are written at once on the source's
+    /// connection thread; bytes whose size is announced, or that outgrow the pipe, and the
+    /// empty ones take the handler's path, and arrive the same.
+    func testRegisteredBytesAndFilesArriveExactlyWithNoHandlerRun() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, """
+            {"type":"text/plain","text":"ready text","ready":true},\
+            {"type":"application/x-announced","size":200000,"ready":true},\
+            {"type":"application/x-past-the-pipe","size":3000000,"ready":true},\
+            {"type":"application/x-empty","size":0,"ready":true},\
+            {"type":"image/png","kind":"file","file":"memfd","text":"sealed bytes","ready":true}
+            """)
+        for _ in 0..<2 {
+            XCTAssertEqual(destination.run("load 0 text/plain"), "OK 10 \(Data("ready text".utf8).base64EncodedString())")
+            XCTAssertEqual(destination.run("loadcheck 0 application/x-announced"), "OK 200000 pattern")
+            XCTAssertEqual(destination.run("loadcheck 0 application/x-past-the-pipe"), "OK 3000000 pattern")
+            XCTAssertEqual(destination.run("loadcheck 0 application/x-empty"), "OK 0 pattern")
+            XCTAssertEqual(destination.run("loadfile 0 image/png"), "OK 12 readonly \(Data("sealed bytes".utf8).base64EncodedString())")
+        }
+        XCTAssertEqual(source.handlerCalls, [])
+        let loads = try world.daemon.waitForLog { log -> [LoadRecord]? in
+            let loads = try log.loads(limit: 100)
+            return loads.count == 10 ? loads : nil
+        }
+        XCTAssertEqual(loads.map(\.outcome), Array(repeating: "completed", count: 10))
+        XCTAssertEqual(loads.map(\.bytes).sorted(), [0, 0, 10, 10, 12, 12, 200_000, 200_000, 3_000_000, 3_000_000])
+    }
+
     /// `load(into:)` splices the broker's pipe into a file; a file opened O_APPEND takes no
     /// splice and gets the bytes through a buffer; a file representation is copied too.
     func testLoadIntoAFileWritesTheExactBytesWhetherOrNotItTakesASplice() throws {

@@ -39,6 +39,9 @@ struct RepresentationSpec: Decodable {
     var pauseMs: Int?
     var announce: Bool?
     var stallAfter: Int?
+    /// Registers the bytes, or the file made once now, themselves (`registerDataRepresentation(data:)`,
+    /// `registerFileRepresentation(file:)`): no handler runs, so no HANDLER line is printed.
+    var ready: Bool?
 }
 
 struct ItemSpec: Decodable {
@@ -446,7 +449,13 @@ final class Peer: Sendable {
                 let stall = rep.stall ?? false
                 let type = rep.type
                 let visibility = rep.visibility ?? .all
-                if rep.kind == "file" {
+                if rep.ready == true {
+                    if rep.kind == "file" {
+                        provider.registerFileRepresentation(forTypeIdentifier: type, visibility: visibility, file: try makeFile(rep.file ?? "memfd", bytes))
+                    } else {
+                        provider.registerDataRepresentation(forTypeIdentifier: type, visibility: visibility, data: bytes)
+                    }
+                } else if rep.kind == "file" {
                     let fileKind = rep.file ?? "memfd"
                     provider.registerFileRepresentation(forTypeIdentifier: type, visibility: visibility) {
                         emit("HANDLER \(index) \(type)")
