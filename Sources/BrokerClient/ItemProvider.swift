@@ -47,8 +47,8 @@ public final class ItemProvider: Sendable {
 
     /// Registers a representation whose bytes the app already holds, as
     /// `NSItemProvider(item:typeIdentifier:)` does: no handler runs when it is loaded, and
-    /// bytes that fit the broker's pipe at once are written on the connection's own thread, so
-    /// the destination's first byte costs no hop to another thread and back.
+    /// bytes that fit the broker's pipe at once are written on the connection's own thread,
+    /// with no hop to the concurrency pool and back.
     public func registerDataRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all, data: Data) {
         register(typeIdentifier, visibility, .bytes(data))
     }
@@ -96,9 +96,9 @@ public final class ItemProvider: Sendable {
                        representations: registered.withLock { $0.map(\.0) })
     }
 
-    /// A data representation's bytes, from its load handler now or as registered: what a source offers on the
-    /// clipboard in the clear (`PasteboardEntry.clearOffers`). Nil for a type not registered, or
-    /// registered as a stream or a file.
+    /// A data representation's bytes, from its load handler now or as registered: what a
+    /// source offers on the clipboard in the clear (`PasteboardEntry.clearOffers`). Nil for a
+    /// type not registered, or registered as a stream or a file.
     public func loadDataRepresentation(forTypeIdentifier typeIdentifier: String) async throws -> Data? {
         let type = (try? TypeIdentifier(typeIdentifier))?.mime ?? typeIdentifier
         switch provision(for: type) {
