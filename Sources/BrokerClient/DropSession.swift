@@ -24,10 +24,15 @@ public final class DropSession: Sendable {
     private let connection: BrokerConnection
     private let loads = Locked(LoadLedger<CheckedContinuation<LoadOutcome, Never>>())
 
+    /// How many events `events` keeps for a reader that has not come for them: the newest,
+    /// which always include the end. Progress is superseded by later progress, so an app that
+    /// never reads them holds no more than this however many loads it makes.
+    static let unreadEventLimit = 256
+
     init(connection: BrokerConnection, path: String) {
         self.connection = connection
         self.path = path
-        (events, continuation) = AsyncStream.makeStream()
+        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(Self.unreadEventLimit))
     }
 
     /// Calls a session method; `decode` reads the reply on the event loop.

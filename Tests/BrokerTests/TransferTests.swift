@@ -98,6 +98,21 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(loads.map(\.bytes).sorted(), [0, 0, 10, 10, 12, 12, 200_000, 200_000, 3_000_000, 3_000_000])
     }
 
+    /// A destination that never reads its session's events keeps only the newest of them,
+    /// however many loads it makes: 300 loads, each reporting progress before it ends, leave
+    /// 256 events for a reader who comes after the end, the last of them the end itself.
+    func testEventsNobodyReadsAreBoundedAndKeepTheEnd() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-two-chunks","size":8192,"chunk":4096,"pauseMs":5}]}]}"#)
+        XCTAssertEqual(destination.run("presentunread \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        XCTAssertEqual(destination.run("loadmany 300 0 application/x-two-chunks"), "OK \(300 * 8192)")
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        XCTAssertEqual(destination.run("readevents"), "OK 256 255 ended copy -")
+    }
+
     /// `load(into:)` splices the broker's pipe into a file; a file opened O_APPEND takes no
     /// splice and gets the bytes through a buffer; a file representation is copied too.
     func testLoadIntoAFileWritesTheExactBytesWhetherOrNotItTakesASplice() throws {

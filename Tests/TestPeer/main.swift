@@ -136,6 +136,27 @@ final class Peer: Sendable {
                     }
                 }
                 return "OK \(drop.path)"
+            case "presentunread":
+                // As `present`, with nobody reading the session's events until `readevents`.
+                let drop = try await connection.presentToken(rest)
+                drops.withLock { $0.append(drop) }
+                return "OK \(drop.path)"
+            case "loadmany":
+                // loadmany <count> <item> <type>: that many loads, one after another.
+                let drop = try lastDrop()
+                var total = 0
+                for _ in 0..<Int(args[0])! { total += try await drop.loadData(item: Int(args[1])!, typeIdentifier: args[2]).count }
+                return "OK \(total)"
+            case "readevents":
+                // The events kept for a reader who comes only now, once the session ended:
+                // their count, how many are progress, and the last.
+                var count = 0, progress = 0, last = "none"
+                for await event in try lastDrop().events {
+                    count += 1
+                    if case .loadProgress = event { progress += 1 }
+                    last = describe(event)
+                }
+                return "OK \(count) \(progress) \(last)"
             case "items":
                 let items = try await lastDrop().items()
                 let encoder = JSONEncoder()
