@@ -78,7 +78,8 @@ final class ErrorPathTests: XCTestCase {
         let (token, path) = try source.begin("""
             {"items":[{"reps":[{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20},\
             {"type":"application/x-gives-up","cancel":"out of paper"},\
-            {"type":"application/x-pipe","kind":"file","file":"pipe"}]}]}
+            {"type":"application/x-pipe","kind":"file","file":"pipe"},\
+            {"type":"application/x-file-gives-up","kind":"file","cancel":"-"}]}]}
             """)
         _ = destination.run("present \(token)")
         _ = destination.run("enter copy")
@@ -102,6 +103,9 @@ final class ErrorPathTests: XCTestCase {
                        BrokerError(.accessDenied, "Only the load's destination, the session's source or an administrator may cancel load 3").busError)
         XCTAssertEqual(source.run("cancelload 3"), "OK")
         XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "The source cancelled load 3"))
+        // A file's handler that throws Swift's CancellationError cancels, as a data handler's does.
+        XCTAssertEqual(destination.run("loadfile 0 application/x-file-gives-up"),
+                       err(.cancelled, "The source cancelled the load: The load was cancelled"))
 
         // A destination that closes its end mid-stream: the source hears Cancelled.
         let reader = try BusProbe(address: world.bus.address)

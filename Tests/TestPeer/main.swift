@@ -22,7 +22,8 @@ struct RepresentationSpec: Decodable {
     var size: Int?
     /// Makes the load handler fail with this message.
     var fail: String?
-    /// Makes the load handler give up as cancelled, with this message.
+    /// Makes the load handler give up as cancelled, with this message; a file's handler throws
+    /// Swift's `CancellationError` instead, which carries none.
     var cancel: String?
     /// Makes the load handler never return.
     var stall: Bool?
@@ -480,6 +481,7 @@ final class Peer: Sendable {
                     let fileKind = rep.file ?? "memfd"
                     provider.registerFileRepresentation(forTypeIdentifier: type, visibility: visibility) {
                         emit("HANDLER \(index) \(type)")
+                        if cancelled != nil { throw CancellationError() }
                         return try makeFile(fileKind, bytes)
                     }
                 } else if let chunk = rep.chunk {
