@@ -11,6 +11,9 @@ public final class MimeDatabase: Sendable {
     private let subclasses: [String: [String]]
     /// alias → canonical.
     private let aliases: [String: String]
+    /// Every type that is some type's supertype, canonical: a type outside it is nobody's, and
+    /// needs no walk of the hierarchy. The daemon asks at each `Load`, for each listed type.
+    private let supertypesOfAny: Set<String>
 
     public init(subclasses: [String: [String]], aliases: [String: String]) {
         var lowered: [String: [String]] = [:]
@@ -18,9 +21,14 @@ public final class MimeDatabase: Sendable {
             lowered[child.lowercased(), default: []] += parents.map { $0.lowercased() }
         }
         self.subclasses = lowered
-        self.aliases = Dictionary(aliases.map { ($0.key.lowercased(), $0.value.lowercased()) },
-                                  uniquingKeysWith: { first, _ in first })
+        let aliases = Dictionary(aliases.map { ($0.key.lowercased(), $0.value.lowercased()) },
+                                 uniquingKeysWith: { first, _ in first })
+        self.aliases = aliases
+        supertypesOfAny = Set(lowered.values.joined().map { aliases[$0] ?? $0 } + Self.implicitSupertypes)
     }
+
+    /// The supertypes the shared-mime-info spec implies without listing them (`parents(of:)`).
+    private static let implicitSupertypes = ["text/plain", "application/xml", "application/json", "application/octet-stream"]
 
     /// Reads `subclasses` and `aliases` from a shared-mime-info directory. A missing file
     /// means an empty table: a minimal system without the database still works, only with
@@ -111,7 +119,7 @@ public final class MimeDatabase: Sendable {
             if wanted == essence {
                 return pattern.parameters.count == type.parameters.count ? .exact : .parameters
             }
-            return supertypes(of: essence).contains(wanted) ? .conforming : nil
+            return supertypesOfAny.contains(wanted) && supertypes(of: essence).contains(wanted) ? .conforming : nil
         }
     }
 

@@ -15,6 +15,15 @@ final class MimeDatabaseTests: XCTestCase {
 
     private func type(_ raw: String) throws -> TypeIdentifier { try TypeIdentifier(raw) }
 
+    func testAParentNamedByItsAliasIsASupertypeUnderItsCanonicalName() throws {
+        let aliased = MimeDatabase(subclasses: ["application/x-child": ["application/x-old-parent"]],
+                                   aliases: ["application/x-old-parent": "application/x-parent"])
+        let child = try type("application/x-child")
+        XCTAssertTrue(aliased.conforms(child, to: "application/x-parent"))
+        XCTAssertTrue(aliased.conforms(child, to: "application/x-old-parent"))
+        XCTAssertFalse(aliased.conforms(try type("application/x-parent"), to: "application/x-child"))
+    }
+
     func testSupertypesIncludeImplicitRules() {
         XCTAssertEqual(database.supertypes(of: "application/x-child"),
                        ["application/x-parent", "application/x-grand", "application/octet-stream"])
@@ -245,6 +254,33 @@ final class SystemMimeDatabaseTests: XCTestCase {
         let shell = try TypeIdentifier("application/x-shellscript")
         XCTAssertTrue(db.conforms(shell, to: "text/plain"))
         XCTAssertTrue(db.conforms(shell, to: "public.text"))
+    }
+
+    /// `match` skips the walk up the hierarchy for a wanted type that is nobody's supertype: over
+    /// every type the database names, as child, parent or alias, an exact pattern conforms
+    /// exactly when the walk finds it.
+    func testTheShortcutPastTypesThatAreNobodysSupertypeAnswersAsTheWalk() throws {
+        var names: Set<String> = ["text/x-unlisted", "application/x-unlisted+xml", "image/x-unlisted+json"]
+        for file in ["subclasses", "aliases"] {
+            let text = try String(contentsOfFile: "/usr/share/mime/" + file, encoding: .utf8)
+            names.formUnion(text.split(whereSeparator: \.isWhitespace).map { $0.lowercased() })
+        }
+        let db = try MimeDatabase.load()
+        let all = names.sorted()
+        let wanted = all.enumerated().filter { $0.offset % 7 == 0 }.map(\.element)
+            + ["text/plain", "application/xml", "application/json", "application/octet-stream", "application/x-gzip"]
+        var conforming = 0
+        for listed in all {
+            guard let type = try? TypeIdentifier(listed) else { continue }
+            let supertypes = Set(db.supertypes(of: type.essence))
+            for pattern in wanted {
+                let canonical = db.canonical(pattern)
+                let walked = canonical == db.canonical(type.essence) || supertypes.contains(canonical)
+                XCTAssertEqual(db.conforms(type, to: pattern), walked, "\(listed) to \(pattern)")
+                if walked && canonical != db.canonical(type.essence) { conforming += 1 }
+            }
+        }
+        XCTAssertGreaterThan(conforming, 1000, "pairs where only the walk says yes")
     }
 
     func testRealAliases() throws {
