@@ -104,13 +104,37 @@ final class TransferTests: XCTestCase {
     func testEventsNobodyReadsAreBoundedAndKeepTheEnd() throws {
         let world = try World()
         let source = try world.peer("source-app"), destination = try world.peer("destination-app")
-        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-two-chunks","size":8192,"chunk":4096,"pauseMs":5}]}]}"#)
+        // Each load reports its progress at once, when the source announces the size.
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-two-chunks","size":8192,"chunk":4096,"pauseMs":5,"announce":true}]}]}"#)
         XCTAssertEqual(destination.run("presentunread \(token)"), "OK \(path)")
         XCTAssertEqual(destination.run("enter copy"), "OK copy")
         XCTAssertEqual(destination.run("drop"), "OK copy")
         XCTAssertEqual(destination.run("loadmany 300 0 application/x-two-chunks"), "OK \(300 * 8192)")
         XCTAssertEqual(destination.run("conclude"), "OK")
         XCTAssertEqual(destination.run("readevents"), "OK 256 255 ended copy -")
+    }
+
+    /// Progress is told 50 ms into a load at the earliest, and bytes that moved since the last
+    /// report are told when the 50 ms have passed: loads that end sooner send only their end,
+    /// and a source that stalls leaves its last count told.
+    func testShortLoadsReportOnlyTheirEndAndAStalledSourcesLastBytesAreTold() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-small","size":4096}]}]}"#)
+        XCTAssertEqual(destination.run("presentunread \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        XCTAssertEqual(destination.run("loadmany 10 0 application/x-small"), "OK 40960")
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        XCTAssertEqual(destination.run("readevents"), "OK 1 0 ended copy -", "ten loads, no progress report, then the end")
+
+        // Two chunks 5 ms apart, then nothing: reporting the first chunk at once would leave
+        // 4096 told for as long as the source stalls.
+        let (stalling, stalled) = try dropped(world, #"{"type":"application/x-stalls","size":65536,"chunk":4096,"pauseMs":5,"stallAfter":8192}"#,
+                                       source: try world.peer("stalling-app"), destination: try world.peer("waiting-app"))
+        stalled.send("loadprogress 0 application/x-stalls")
+        XCTAssertNotNil(stalled.stdout.take { $0 == "PROGRESS 8192 -" }, stalled.stdout.text)
+        XCTAssertEqual(stalling.handlerCalls.count, 1)
     }
 
     /// `load(into:)` splices the broker's pipe into a file; a file opened O_APPEND takes no

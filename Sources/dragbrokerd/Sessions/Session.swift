@@ -24,7 +24,7 @@ enum SessionEvent {
     /// The drop destination concluded: every party hears the session ended well.
     case concluded
     case loadStarted(Load)
-    /// Bytes moved; reported at most every 50 ms per load.
+    /// Bytes moved; reported 50 ms into the load at the earliest, then at most every 50 ms.
     case loadProgressed(Load)
     /// The source announced the load's size.
     case loadSizeAnnounced(Load)

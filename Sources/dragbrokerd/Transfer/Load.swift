@@ -59,7 +59,8 @@ final class Load {
     private(set) var bytes: UInt64 = 0
     /// The size the source announced, if it did.
     var expected: UInt64?
-    /// Bytes moved; called at most every 50 ms.
+    /// Bytes moved since the last report; called 50 ms into the load at the earliest, then at
+    /// most every 50 ms (`reportInterval`).
     var onProgress: ((Load) -> Void)?
     /// The one outcome: nil when every byte arrived, else why not.
     var onFinish: ((Load, BrokerError?) -> Void)?
@@ -80,7 +81,15 @@ final class Load {
     private var deadline: LoopTimer?
     /// Monotonic microseconds of the last byte moved (or the start), for the stall deadline.
     private var lastProgressAt: UInt64
-    private var lastReportAt: UInt64 = 0
+    /// Monotonic microseconds of the last report, or of the start.
+    private var lastReportAt: UInt64
+    /// The report of bytes that moved since the last one, when it was too soon to send it.
+    private var pendingReport: LoopTimer?
+    /// A report is due no sooner than this after the start or the last report, and bytes that
+    /// moved in between are reported when it has passed. A load that ends within it (nearly
+    /// every small one) sends only its end, which carries the count: two signals to each end
+    /// instead of four, each relayed by the bus while the next call waits.
+    static let reportInterval: UInt64 = 50_000
     /// A file load's destination, still waiting for its `Load` reply.
     private var answer: Answer?
     /// Whether the attempt to write the start record is over (committed or not).
@@ -99,6 +108,7 @@ final class Load {
         destination = request.destination
         sizeRule = request.sizeRule.map { ($0.limit, "\($0.rule.origin)") }
         lastProgressAt = Kernel.monotonicMicroseconds()
+        lastReportAt = lastProgressAt
     }
 
     /// Asks the source for the bytes, once the load is on record. A data load answers with the
@@ -193,7 +203,8 @@ final class Load {
             }
         })
         proxy?.allowance = { [unowned self] in sizeRule.map { $0.limit >= bytes ? $0.limit - bytes : 0 } }
-        proxy?.onMoved = { [unowned self] moved in progressed(moved) }
+        let loop = source.bus.loop
+        proxy?.onMoved = { [unowned self] moved in progressed(moved, on: loop) }
     }
 
     /// The provider's reply ends the data: the proxy drains what the pipe holds and stops,
@@ -220,16 +231,28 @@ final class Load {
         }
     }
 
-    private func progressed(_ moved: UInt64) {
+    private func progressed(_ moved: UInt64, on loop: EventLoop) {
         bytes += moved
         if phase == .awaitingSource { phase = .streaming }
         let now = Kernel.monotonicMicroseconds()
         lastProgressAt = now
         onMoved?(self)
-        if now - lastReportAt >= 50_000 {
-            lastReportAt = now
-            onProgress?(self)
+        guard onProgress != nil, pendingReport == nil else { return }
+        let due = lastReportAt + Self.reportInterval
+        guard now < due else { return report(at: now) }
+        do {
+            pendingReport = try LoopTimer(loop: loop, afterMicroseconds: due - now, accuracy: 5_000) { [unowned self] in
+                pendingReport = nil
+                report(at: Kernel.monotonicMicroseconds())
+            }
+        } catch {
+            report(at: now)
         }
+    }
+
+    private func report(at now: UInt64) {
+        lastReportAt = now
+        onProgress?(self)
     }
 
     // MARK: Files
@@ -367,6 +390,7 @@ final class Load {
         phase = .finished
         providerCall = nil
         deadline = nil
+        pendingReport = nil
         deferredStart = nil
         proxy?.stop()
         proxy = nil
