@@ -51,8 +51,13 @@ public final class MimeDatabase: Sendable {
         (try? MimeDatabase.load()) ?? MimeDatabase(subclasses: [:], aliases: [:])
 
     public func canonical(_ essence: String) -> String {
-        let lowered = essence.lowercased()
-        return aliases[lowered] ?? lowered
+        canonicalOfLowercase(essence.lowercased())
+    }
+
+    /// `canonical` of an essence already lowercase, as every parsed `TypeIdentifier` and
+    /// `TypePattern` holds it: `match` runs for each listed type at each `Load`.
+    private func canonicalOfLowercase(_ essence: String) -> String {
+        aliases[essence] ?? essence
     }
 
     /// Every supertype, nearest first, `application/octet-stream` last. Includes the
@@ -104,7 +109,7 @@ public final class MimeDatabase: Sendable {
         // Parameters a request names must be in the listed type: asking for UTF-8 text is not
         // answered by text of unknown charset. Parameters it leaves out are not constrained.
         guard pattern.parameters.allSatisfy(type.parameters.contains) else { return nil }
-        let essence = canonical(type.essence)
+        let essence = canonicalOfLowercase(type.essence)
         switch pattern.kind {
         case .everything:
             return .conforming
@@ -115,7 +120,7 @@ public final class MimeDatabase: Sendable {
                 .contains { majors.contains(majorType($0)) }
             return matches ? .conforming : nil
         case .exact(let wanted):
-            let wanted = canonical(wanted)
+            let wanted = canonicalOfLowercase(wanted)
             if wanted == essence {
                 return pattern.parameters.count == type.parameters.count ? .exact : .parameters
             }
@@ -128,9 +133,14 @@ public final class MimeDatabase: Sendable {
     /// closest match first, then the earlier pattern, then the earlier listed type. Returns
     /// the listed type's position. Types that do not parse are skipped.
     public func select(among listed: [String], for patterns: [TypePattern]) -> Int? {
+        select(among: listed.map { try? TypeIdentifier($0) }, for: patterns)
+    }
+
+    /// `select` among types already parsed; nil stands for one that does not parse.
+    public func select(among listed: [TypeIdentifier?], for patterns: [TypePattern]) -> Int? {
         var best: (rank: (TypeMatch, Int, Int), position: Int)?
-        for (position, raw) in listed.enumerated() {
-            guard let type = try? TypeIdentifier(raw) else { continue }
+        for (position, type) in listed.enumerated() {
+            guard let type else { continue }
             for (order, pattern) in patterns.enumerated() {
                 guard let closeness = match(type, to: pattern) else { continue }
                 let rank = (closeness, order, position)

@@ -118,6 +118,9 @@ final class Session {
     let kind: Kind
     let createdAt: Date
     private(set) var items: [ItemDescriptor]
+    /// Listed types a `Load` parsed, by their canonical string, so the next load does not parse
+    /// them again; empty (and costing nothing) in a session nobody loads from.
+    private var listedTypes: [String: TypeIdentifier] = [:]
     private(set) var state: State = .active
     private(set) var operation: DropOperation = .cancel
     private(set) var destinations: [String: Destination] = [:]
@@ -222,6 +225,15 @@ final class Session {
     /// The items as `identity` may see them. A representation it may not see, or that the
     /// administrator's flow rules forbid it, does not exist for it, and neither does an item
     /// with none left; `index` is the item's real index.
+    /// `raw` parsed, once per session. `Items` checked every listed type as it was listed, so
+    /// nil (which `select` skips) does not happen.
+    private func listedType(_ raw: String) -> TypeIdentifier? {
+        if let parsed = listedTypes[raw] { return parsed }
+        let parsed = try? TypeIdentifier(raw)
+        listedTypes[raw] = parsed
+        return parsed
+    }
+
     func visibleItems(for identity: AppIdentity, flow: FlowView) -> [(index: Int, item: VisibleItem)] {
         items.enumerated().compactMap { index, item in
             let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
@@ -536,7 +548,7 @@ final class Session {
         // closest listed type wins, the first listed among equally close ones.
         let listed = visible[Int(item)].item.typeIdentifiers
         let realItem = visible[Int(item)].index
-        guard let position = rules.flow.types.select(among: listed, for: [pattern]),
+        guard let position = rules.flow.types.select(among: listed.map(listedType), for: [pattern]),
               let representation = items[realItem].representations.first(where: { $0.typeIdentifier == listed[position] }) else {
             throw .notFound("Item \(item) has no representation that matches '\(type)'")
         }
