@@ -284,7 +284,7 @@ public enum SessionMember: String, InterfaceTable {
         case .transferFinished:
             .signal(doc: "To the source, when the session was concluded and every load is done, after Ended.")
         case .loadProgress:
-            .signal([A("load", "u"), A("bytes", "t"), A("expected", "t")], doc: "To both ends of a load, at most every 50 ms while bytes move, the first 50 ms after the load began (a load that ends sooner has only LoadFinished), and when the source announces the size; expected is 0 when unknown.")
+            .signal([A("load", "u"), A("bytes", "t"), A("expected", "t")], doc: "To both ends of a load, at most every 50 ms while bytes move, the first no sooner than 50 ms after the load began (a load that ends sooner has only LoadFinished), and at once when the source announces the size; expected is 0 when unknown.")
         case .loadFinished:
             .signal([A("load", "u"), A("bytes", "t"), A("error", "s"), A("message", "s")], doc: """
                 To both ends of a load; error is empty when every byte was delivered, else why it ended

@@ -222,9 +222,6 @@ final class Session {
         }
     }
 
-    /// The items as `identity` may see them. A representation it may not see, or that the
-    /// administrator's flow rules forbid it, does not exist for it, and neither does an item
-    /// with none left; `index` is the item's real index.
     /// `raw` parsed, once per session. `Items` checked every listed type as it was listed, so
     /// nil (which `select` skips) does not happen.
     private func listedType(_ raw: String) -> TypeIdentifier? {
@@ -234,6 +231,9 @@ final class Session {
         return parsed
     }
 
+    /// The items as `identity` may see them. A representation it may not see, or that the
+    /// administrator's flow rules forbid it, does not exist for it, and neither does an item
+    /// with none left; `index` is the item's real index.
     func visibleItems(for identity: AppIdentity, flow: FlowView) -> [(index: Int, item: VisibleItem)] {
         items.enumerated().compactMap { index, item in
             let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
