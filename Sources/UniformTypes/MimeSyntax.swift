@@ -94,12 +94,12 @@ enum MimeSyntax {
 
     /// RFC 6838 restricted-name-chars, as `isRestrictedNameCharacter`.
     private static func isRestrictedNameByte(_ byte: UInt8) -> Bool {
-        isAlphanumericByte(byte) || "!#$&-^_.+".utf8.contains(byte)
+        isAlphanumericByte(byte) || restrictedNamePunctuation.utf8.contains(byte)
     }
 
     /// RFC 2045 token, as `isTokenCharacter`.
     private static func isTokenByte(_ byte: UInt8) -> Bool {
-        byte > 0x20 && byte < 0x7F && !"()<>@,;:\\\"/[]?=".utf8.contains(byte)
+        byte > 0x20 && byte < 0x7F && !tokenSpecials.utf8.contains(byte)
     }
 
     private static func asciiLowercase(_ byte: UInt8) -> UInt8 {
@@ -260,15 +260,20 @@ enum MimeSyntax {
             : Reason("'*' is a wildcard, allowed only in patterns, not in a concrete type")
     }
 
+    /// RFC 6838 restricted-name-chars besides letters and digits, for both readings.
+    private static let restrictedNamePunctuation = "!#$&-^_.+"
+    /// RFC 2045 tspecials, which a token may not contain, for both readings.
+    private static let tokenSpecials = "()<>@,;:\\\"/[]?="
+
     /// RFC 6838 restricted-name-chars.
     private static func isRestrictedNameCharacter(_ c: Character) -> Bool {
-        c.isASCII && (c.isLetter || c.isNumber || "!#$&-^_.+".contains(c))
+        c.isASCII && (c.isLetter || c.isNumber || restrictedNamePunctuation.contains(c))
     }
 
     /// RFC 2045 token: printable ASCII except space and tspecials.
     private static func isTokenCharacter(_ c: Character) -> Bool {
         guard let ascii = c.asciiValue, ascii > 0x20, ascii < 0x7F else { return false }
-        return !"()<>@,;:\\\"/[]?=".contains(c)
+        return !tokenSpecials.contains(c)
     }
 
     private static func describe(_ c: Character) -> String {
