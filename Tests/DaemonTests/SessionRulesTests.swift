@@ -113,6 +113,34 @@ final class SessionRulesTests: XCTestCase {
         XCTAssertEqual(session.visibleItems(for: Self.stranger, flow: Self.noRules).map(\.index), [0])
     }
 
+    /// A `Load` finds its item without building the list: hidden items between visible ones
+    /// must number the same both ways, and the load must reach the real item.
+    func testALoadFindsTheItemItsDestinationSeesAtThatPosition() throws {
+        func item(_ name: String, _ visibilities: [Visibility]) -> ItemDescriptor {
+            ItemDescriptor(suggestedName: name, representations: visibilities.enumerated().map { index, visibility in
+                RepresentationDescriptor(typeIdentifier: "text/x-\(name)\(index)", visibility: visibility)
+            })
+        }
+        let items = [item("a", [.app]), item("b", [.app, .all]), item("c", [.team]), item("d", [.app, .app]),
+                     item("e", [.all]), item("f", [.team, .app]), item("g", [.all, .team])]
+        let (session, _) = makeSession(items: items)
+        for who in [Self.source, Self.teammate, Self.stranger] {
+            let listed = session.visibleItems(for: who, flow: Self.noRules)
+            for position in 0...items.count {
+                let found = session.visibleItem(at: position, for: who, flow: Self.noRules)
+                XCTAssertEqual(found?.index, position < listed.count ? listed[position].index : nil, "\(who.uniqueName) at \(position)")
+                XCTAssertEqual(found?.typeIdentifiers, position < listed.count ? listed[position].item.typeIdentifiers : nil)
+            }
+        }
+        XCTAssertEqual(session.visibleItems(for: Self.stranger, flow: Self.noRules).map(\.index), [1, 4, 6])
+        try drop(session, by: Self.stranger)
+        let request = try session.authorizeLoad(item: 2, type: "text/*", by: Self.stranger, rules: rules())
+        XCTAssertEqual(request.item, 6)
+        XCTAssertEqual(request.typeIdentifier, "text/x-g0")
+        assertRefused(try session.authorizeLoad(item: 3, type: "text/*", by: Self.stranger, rules: rules()), .notFound,
+                      "No item 3: session s7 has 3 item(s)")
+    }
+
     func testARestrictedSessionExistsOnlyForItsOwnApp() {
         let (restricted, _) = makeSession(restricted: true)
         let (open, _) = makeSession()

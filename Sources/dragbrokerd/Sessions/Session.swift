@@ -243,6 +243,21 @@ final class Session {
         }
     }
 
+    /// The item `visibleItems` shows `identity` at `position`, as its real index and the types
+    /// it may see, without building the others: asked at every `Load`.
+    func visibleItem(at position: Int, for identity: AppIdentity, flow: FlowView) -> (index: Int, typeIdentifiers: [String])? {
+        var shown = 0
+        for (index, item) in items.enumerated() {
+            guard shown == position else {
+                if item.representations.contains(where: { exists($0, for: identity, flow: flow) }) { shown += 1 }
+                continue
+            }
+            let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
+            if !types.isEmpty { return (index, types) }
+        }
+        return nil
+    }
+
     /// Whether `visibleItems` would show `identity` anything, without building the list:
     /// asked on every proposal.
     func hasDroppable(for identity: AppIdentity, flow: FlowView) -> Bool {
@@ -534,9 +549,8 @@ final class Session {
         guard caller.uniqueName == dropDestination else {
             throw .accessDenied("Only the destination that performed the \(kind == .drag ? "drop" : "paste") may load from session \(id)")
         }
-        let visible = visibleItems(for: caller, flow: rules.flow)
-        guard Int(item) < visible.count else {
-            throw .notFound("No item \(item): session \(id) has \(visible.count) item(s)")
+        guard let (realItem, listed) = visibleItem(at: Int(item), for: caller, flow: rules.flow) else {
+            throw .notFound("No item \(item): session \(id) has \(visibleItems(for: caller, flow: rules.flow).count) item(s)")
         }
         let pattern: TypePattern
         do {
@@ -546,8 +560,6 @@ final class Session {
         }
         // The one matching rule: whatever ConformingItems says yes to, this serves, and the
         // closest listed type wins, the first listed among equally close ones.
-        let listed = visible[Int(item)].item.typeIdentifiers
-        let realItem = visible[Int(item)].index
         guard let position = rules.flow.types.select(among: listed.map(listedType), for: [pattern]),
               let representation = items[realItem].representations.first(where: { $0.typeIdentifier == listed[position] }) else {
             throw .notFound("Item \(item) has no representation that matches '\(type)'")

@@ -29,7 +29,9 @@ final class PipeProxy {
     var onMoved: ((UInt64) -> Void)?
     private let input: FileDescriptor
     private let output: FileDescriptor
+    private let loop: EventLoop
     private var inputWatch: IOWatch?
+    /// Made the first time the destination's pipe fills, which a short load never does.
     private var outputWatch: IOWatch?
     private var onFinish: ((Outcome, UInt64) -> Void)?
     /// The source said it wrote everything: what is in the pipe is the whole of the data,
@@ -48,13 +50,16 @@ final class PipeProxy {
          onFinish: @escaping (Outcome, _ moved: UInt64) -> Void) throws(InternalError) {
         let fromSource: (readEnd: FileDescriptor, writeEnd: FileDescriptor)
         let toDestination: (readEnd: FileDescriptor, writeEnd: FileDescriptor)
+        // Blocking, for ordinary read()/write() loops on the peers' side; the pump's own
+        // splice(2) never blocks on a pipe (SPLICE_F_NONBLOCK), so its ends need no flag of
+        // their own, and a load costs four fcntl(2) fewer before the source is asked.
         do {
-            fromSource = try FileDescriptor.makePipe(nonBlocking: true)
+            fromSource = try FileDescriptor.makePipe(nonBlocking: false)
         } catch {
             throw InternalError("Failed to create a pipe: \(error)")
         }
         do {
-            toDestination = try FileDescriptor.makePipe(nonBlocking: true)
+            toDestination = try FileDescriptor.makePipe(nonBlocking: false)
         } catch {
             fromSource.readEnd.closeQuietly()
             fromSource.writeEnd.closeQuietly()
@@ -62,25 +67,17 @@ final class PipeProxy {
         }
         input = fromSource.readEnd
         output = toDestination.writeEnd
+        self.loop = loop
         self.onFinish = onFinish
         defer {
             fromSource.writeEnd.closeQuietly()
             toDestination.readEnd.closeQuietly()
         }
-        // The peers' ends must be blocking for ordinary read()/write() loops on their side.
-        try? fromSource.writeEnd.setNonBlocking(false)
-        try? toDestination.readEnd.setNonBlocking(false)
         // Best effort: an unprivileged user may be capped by /proc/sys/fs/pipe-max-size.
         try? input.setPipeCapacity(Self.pipeSize)
         try? output.setPipeCapacity(Self.pipeSize)
         do {
             inputWatch = try IOWatch(loop: loop, fd: input.rawValue, when: .readable) { [unowned self] in pump() }
-            outputWatch = try IOWatch(loop: loop, fd: output.rawValue, when: .writable) { [unowned self] in
-                outputWatch?.setEnabled(false)
-                inputWatch?.setEnabled(true)
-                pump()
-            }
-            outputWatch?.setEnabled(false)
         } catch {
             throw InternalError("Failed to watch the load's pipes: \(error.message)")
         }
@@ -150,8 +147,11 @@ final class PipeProxy {
                 }
                 if outputIsFull() {
                     // Wait for the destination to drain before reading more from the source.
-                    inputWatch?.setEnabled(false)
-                    outputWatch?.setEnabled(true)
+                    do {
+                        try waitForDestination()
+                    } catch {
+                        return .failed("Failed to watch the destination's pipe: \(error.message)")
+                    }
                 }
                 return nil
             } catch .brokenPipe {
@@ -161,6 +161,19 @@ final class PipeProxy {
             }
         }
         return nil
+    }
+
+    private func waitForDestination() throws(BusError) {
+        if outputWatch == nil {
+            outputWatch = try IOWatch(loop: loop, fd: output.rawValue, when: .writable) { [unowned self] in
+                outputWatch?.setEnabled(false)
+                inputWatch?.setEnabled(true)
+                pump()
+            }
+        } else {
+            outputWatch?.setEnabled(true)
+        }
+        inputWatch?.setEnabled(false)
     }
 
     private func outputIsFull() -> Bool {
