@@ -156,9 +156,11 @@ public actor BrokerConnection {
     }
 
     /// Live events of every session this caller may inspect (`dragctl monitor`). One stream
-    /// per connection: asking again ends the previous one.
+    /// per connection: asking again ends the previous one. A reader that falls behind finds
+    /// the newest `unreadMonitorEventLimit` events; older ones are dropped.
     public func monitor() async throws(BrokerError) -> AsyncStream<MonitorEvent> {
-        let (stream, continuation) = AsyncStream.makeStream(of: MonitorEvent.self)
+        let (stream, continuation) = AsyncStream.makeStream(of: MonitorEvent.self,
+                                                            bufferingPolicy: .bufferingNewest(Self.unreadMonitorEventLimit))
         let slot: Slot
         do {
             // Subscribed before asking, so no event falls between the two.
@@ -187,6 +189,10 @@ public actor BrokerConnection {
         }
         return stream
     }
+
+    /// Larger than a session's bound: every session's events come through this one stream, and
+    /// a burst (a source with thousands of sessions quitting) may outrun a terminal.
+    static let unreadMonitorEventLimit = 4096
 
     private func endMonitor(_ generation: Int) {
         guard let current = monitor, current.generation == generation else { return }

@@ -26,7 +26,8 @@ public final class DragSession: Sendable {
     private let lock: Locked<[DragItem]>
     /// The source heard `WillEnd`: a destination performed the drop.
     private let wasDropped = Locked(false)
-    /// The session's events; the stream finishes after the last one.
+    /// The session's events; the stream finishes after the last one. A reader that comes late
+    /// finds the newest `unreadEventLimit`, the end among them.
     public let events: AsyncStream<DragSessionEvent>
     private let continuation: AsyncStream<DragSessionEvent>.Continuation
     private let connection: BrokerConnection
@@ -36,7 +37,7 @@ public final class DragSession: Sendable {
         self.path = path
         self.token = token
         self.lock = Locked(items)
-        (events, continuation) = AsyncStream.makeStream()
+        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(unreadEventLimit))
     }
 
     /// Adds items to the live drag ("flocking"); only the app that began it may.

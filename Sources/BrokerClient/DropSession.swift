@@ -19,20 +19,17 @@ public enum DropSessionEvent: Sendable, Equatable {
 /// ever holds the decoded values.
 public final class DropSession: Sendable {
     public let path: String
+    /// The session's events; a reader that comes late finds the newest `unreadEventLimit`,
+    /// the end among them (progress is superseded by later progress anyway).
     public let events: AsyncStream<DropSessionEvent>
     private let continuation: AsyncStream<DropSessionEvent>.Continuation
     private let connection: BrokerConnection
     private let loads = Locked(LoadLedger<CheckedContinuation<LoadOutcome, Never>>())
 
-    /// How many events `events` keeps for a reader that has not come for them: the newest,
-    /// which always include the end. Progress is superseded by later progress, so an app that
-    /// never reads them holds no more than this however many loads it makes.
-    static let unreadEventLimit = 256
-
     init(connection: BrokerConnection, path: String) {
         self.connection = connection
         self.path = path
-        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(Self.unreadEventLimit))
+        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(unreadEventLimit))
     }
 
     /// Calls a session method; `decode` reads the reply on the event loop.

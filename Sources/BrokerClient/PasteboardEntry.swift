@@ -22,7 +22,8 @@ public final class PasteboardEntry: Sendable {
     /// What the clipboard carries; whoever presents it may look at the items and paste them.
     public let token: String
     public let items: [DragItem]
-    /// The entry's events; the stream finishes once the entry and every paste of it ended.
+    /// The entry's events; the stream finishes once the entry and every paste of it ended. A
+    /// reader that comes late finds the newest `unreadEventLimit`, the end among them.
     public let events: AsyncStream<PasteboardEntryEvent>
     private let continuation: AsyncStream<PasteboardEntryEvent>.Continuation
     private let connection: BrokerConnection
@@ -34,7 +35,7 @@ public final class PasteboardEntry: Sendable {
         self.path = path
         self.token = token
         self.items = items
-        (events, continuation) = AsyncStream.makeStream()
+        (events, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(unreadEventLimit))
     }
 
     /// The types of the first item this app may also put on the window system's clipboard in

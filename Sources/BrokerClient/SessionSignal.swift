@@ -1,6 +1,11 @@
 import BrokerProtocol
 import BusKit
 
+/// How many events a session's or a pasteboard entry's `events` keeps for a reader that has
+/// not come for them: the newest, which always include the end. An app that never reads them
+/// holds no more than this however many loads and pastes it serves or makes.
+let unreadEventLimit = 256
+
 /// A session signal the broker sent this connection, decoded on the event loop where the
 /// message arrived: sessions only ever see these values, never the message.
 enum SessionSignal: Sendable, Equatable {

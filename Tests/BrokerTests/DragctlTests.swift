@@ -40,6 +40,17 @@ final class DragctlTests: XCTestCase {
         monitor.terminate()
     }
 
+    /// A monitor that nobody reads keeps the newest 4096 events, however many sessions come
+    /// and go meanwhile.
+    func testMonitorEventsNobodyReadsAreBounded() throws {
+        let world = try World()
+        let watcher = try world.peer("watcher-app"), source = try world.peer("source-app")
+        XCTAssertEqual(watcher.run("monitorunread"), "OK")
+        // Each drag begins and ends: 4200 events.
+        XCTAssertEqual(source.run("churndrags 2100"), "OK")
+        XCTAssertEqual(watcher.run("readmonitor"), "OK 4096 s2100 end")
+    }
+
     /// Pastes and live pasteboard entries, told apart from drags wherever dragctl shows
     /// sessions: list-sessions, monitor, log and stats.
     func testPastesAndPasteboardEntriesAreToldApartFromDrags() throws {

@@ -296,6 +296,23 @@ final class PasteTests: XCTestCase {
         XCTAssertEqual(source.run("clearoffers"), "OK ", "ClearOffers=no: nothing in the clear")
     }
 
+    /// An entry whose events nobody reads keeps the newest 256 of them however many loads its
+    /// pastes make, its end among them.
+    func testEntryEventsNobodyReadsAreBoundedAndKeepTheEnd() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), notes = try world.peer("notes-app")
+        let (token, entry) = try copy(source, #"{"unread":true,"items":[{"reps":[{"type":"text/plain","text":"hello"}]}]}"#)
+        XCTAssertEqual(notes.run("present \(token)"), "OK \(entry)")
+        XCTAssertEqual(notes.run("paste"), "OK \(entry)_1")
+        XCTAssertEqual(notes.run("loadmany 300 0 text/plain"), "OK 1500")
+        XCTAssertEqual(notes.run("conclude"), "OK")
+        XCTAssertTrue(notes.waitFor("EVENT paste ended copy -"))
+        XCTAssertEqual(source.run("withdraw"), "OK")
+        // pasted, 300 × (loadRequested, loadFinished), ended: the newest 256 are the end and
+        // the 255 events before it, 128 of them loads finished.
+        XCTAssertEqual(source.run("readsourceevents entry"), "OK 256 128 entryEnded \(BrokerErrorCode.cancelled.busName)")
+    }
+
     func copy(_ peer: Peer, _ json: String) throws -> (token: String, path: String) {
         let answer = peer.run("copy " + json)
         let parts = answer.split(separator: " ").map(String.init)

@@ -114,6 +114,22 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(destination.run("readevents"), "OK 256 255 ended copy -")
     }
 
+    /// The source's side: a drag whose events nobody reads keeps the newest 256 of them however
+    /// many loads it serves, its end among them.
+    func testDragEventsNobodyReadsAreBoundedAndKeepTheEnd() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"unread":true,"items":[{"name":"x","reps":[{"type":"text/plain","text":"hello"}]}]}"#)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        XCTAssertEqual(destination.run("loadmany 300 0 text/plain"), "OK 1500")
+        XCTAssertEqual(destination.run("conclude"), "OK")
+        // willEnd, 300 × (loadRequested, loadFinished), ended, transferFinished: the newest 256
+        // are the last 127 loads' two events each, then the two ends.
+        XCTAssertEqual(source.run("readsourceevents drag"), "OK 256 127 transferFinished")
+    }
+
     /// Progress is told 50 ms into a load at the earliest, and bytes that moved since the last
     /// report are told when the 50 ms have passed: loads that end sooner send only their end,
     /// and a source that stalls leaves its last count told.

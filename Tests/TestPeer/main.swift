@@ -58,6 +58,8 @@ struct BeginSpec: Decodable {
     var allowsMove: Bool?
     /// For `copy`: the entry's ExpirationSec.
     var expiration: UInt32?
+    /// Nobody reads the drag's or the entry's events until `readsourceevents`.
+    var unread: Bool?
 }
 
 /// Byte i is (i * 31 + 7) mod 256: a 256-byte cycle, repeated.
@@ -79,6 +81,7 @@ final class Peer: Sendable {
     let drags = Mutex<[DragSession]>([])
     let drops = Mutex<[DropSession]>([])
     let entries = Mutex<[PasteboardEntry]>([])
+    let unreadMonitor = Mutex<AsyncStream<MonitorEvent>?>(nil)
 
     init(connection: BrokerConnection) { self.connection = connection }
 
@@ -158,6 +161,26 @@ final class Peer: Sendable {
                     last = describe(event)
                 }
                 return "OK \(count) \(progress) \(last)"
+            case "readsourceevents":
+                // readsourceevents <drag|entry>: as `readevents`, for the source's last drag or
+                // entry begun `unread`: their count, how many are loads finished, and the last.
+                var count = 0, finished = 0, last = "none"
+                if args[0] == "drag" {
+                    guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no drag begun") }
+                    for await event in drag.events {
+                        count += 1
+                        if case .loadFinished = event { finished += 1 }
+                        last = describe(event)
+                    }
+                } else {
+                    guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
+                    for await event in entry.events {
+                        count += 1
+                        if case .loadFinished = event { finished += 1 }
+                        last = describe(event)
+                    }
+                }
+                return "OK \(count) \(finished) \(last)"
             case "items":
                 let items = try await lastDrop().items()
                 let encoder = JSONEncoder()
@@ -268,6 +291,31 @@ final class Peer: Sendable {
                 return "OK " + (try await lastDrop().items(conformingTo: rest)).map(String.init).joined(separator: ",")
             case "monitor":
                 _ = try await connection.monitor()
+                return "OK"
+            case "monitorunread":
+                // Monitors with nobody reading until `readmonitor`.
+                let stream = try await connection.monitor()
+                unreadMonitor.withLock { $0 = stream }
+                return "OK"
+            case "readmonitor":
+                // Monitoring again ends the stream of `monitorunread`: what it kept, and the last.
+                guard let stream = unreadMonitor.withLock({ $0 }) else { throw BrokerError(.notFound, "no unread monitor") }
+                // A round trip first: events the broker sent before it are in the stream by its reply.
+                _ = try await connection.whoAmI()
+                _ = try await connection.monitor()
+                var count = 0, last = "none"
+                for await event in stream {
+                    count += 1
+                    last = "\(event.session) \(event.event)"
+                }
+                return "OK \(count) \(last)"
+            case "churndrags":
+                // churndrags <count>: begins and cancels that many drags, one after another.
+                let provider = ItemProvider()
+                provider.registerDataRepresentation(forTypeIdentifier: "text/plain", data: Data("x".utf8))
+                for _ in 0..<Int(args[0])! {
+                    try await connection.beginDrag(items: [DragItem(itemProvider: provider)]).cancel()
+                }
                 return "OK"
             case "reload":
                 try await connection.reloadPolicy()
@@ -421,6 +469,7 @@ final class Peer: Sendable {
         let session = try await connection.beginDrag(
             items: items, options: SessionOptions(restrictedToApp: spec.restricted ?? false, allowsMove: spec.allowsMove ?? false))
         drags.withLock { $0.append(session) }
+        if spec.unread == true { return "OK \(session.token) \(session.path)" }
         Task {
             for await event in session.events {
                 switch event {
@@ -441,6 +490,7 @@ final class Peer: Sendable {
         let entry = try await connection.copy(
             items: items, options: PasteOptions(restrictedToApp: spec.restricted ?? false, expirationSec: spec.expiration))
         entries.withLock { $0.append(entry) }
+        if spec.unread == true { return "OK \(entry.token) \(entry.path)" }
         Task {
             for await event in entry.events {
                 switch event {
