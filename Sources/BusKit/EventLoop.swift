@@ -18,11 +18,14 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     public let handle: OpaquePointer
     private let wakeFD: FileDescriptor
     private var wakeSource: OpaquePointer?
-    /// Drains work the loop's own thread queued from a callback, on the loop's next turn,
-    /// without the eventfd: enabling it is no system call.
+    /// Drains work the loop's own thread queued from a callback, without the eventfd:
+    /// enabling it is no system call. Normally `turn` takes the work first.
     private var ownWorkSource: OpaquePointer?
     /// Whether `drain` runs now, which takes work queued meanwhile itself. Loop thread only.
     private var isDraining = false
+    /// The loop's own thread queued work outside a drain: `turn` takes it as soon as the
+    /// callback that queued it returns. Loop thread only.
+    private var ownWorkPending = false
     private let queue = Mutex<[Work]>([])
     /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
     /// loop-bound state, hence an atomic rather than a lock.
@@ -82,7 +85,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             Kernel.nameCurrentThread(name)
             loopThread.store(pthread_self(), ordering: .releasing)
             started.signal()
-            _ = sd_event_loop(handle)
+            _ = runToExit()
             loopThread.store(0, ordering: .releasing)
             finished.signal()
         }
@@ -97,7 +100,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         precondition(!isRunning, "the event loop is already running")
         loopThread.store(pthread_self(), ordering: .releasing)
         defer { loopThread.store(0, ordering: .releasing) }
-        try check(sd_event_loop(handle), "sd_event_loop")
+        try check(runToExit(), "sd_event_run")
     }
 
     /// Runs the loop on the calling thread, one iteration at a time, until `isDone` holds
@@ -108,8 +111,33 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         loopThread.store(pthread_self(), ordering: .releasing)
         defer { loopThread.store(0, ordering: .releasing) }
         while !isDone() {
-            try check(sd_event_run(handle, UInt64.max), "sd_event_run")
+            try check(turn(), "sd_event_run")
         }
+    }
+
+    /// sd_event_loop, a `turn` at a time: until `exit()`, then its code.
+    private func runToExit() -> Int32 {
+        while sd_event_get_state(handle) != Int32(SD_EVENT_FINISHED) {
+            let r = turn()
+            if r < 0 { return r }
+        }
+        var code: Int32 = 0
+        sd_event_get_exit_code(handle, &code)
+        return code
+    }
+
+    /// One iteration of sd-event, then the work its callback queued for this thread. A task
+    /// that a reply resumes runs at once, where the deferred source would have waited for
+    /// another iteration: its prepare callbacks (sd-bus re-arms its timeout timer there) and
+    /// an epoll_wait that returns at once.
+    private func turn() -> Int32 {
+        let r = sd_event_run(handle, UInt64.max)
+        if ownWorkPending {
+            ownWorkPending = false
+            sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF))
+            drain()
+        }
+        return r
     }
 
     /// Sends WATCHDOG=1 automatically when systemd asked for it ($WATCHDOG_USEC); otherwise
@@ -146,6 +174,13 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         guard isRunning else { return }
         execute { [self] in _ = sd_event_exit(handle, 0) }
         finished.wait()
+    }
+
+    /// How many iterations sd-event has run: a turn is one.
+    var iteration: UInt64 {
+        var count: UInt64 = 0
+        sd_event_get_iteration(handle, &count)
+        return count
     }
 
     /// Whether the calling thread is the one running the loop.
@@ -208,7 +243,11 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             return queue.count == 1
         }
         if onLoop {
-            if !isDraining { sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_ONESHOT)) }
+            // The deferred source too, should the work come from anywhere but a turn's callback.
+            if !isDraining {
+                ownWorkPending = true
+                sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_ONESHOT))
+            }
         } else if wasEmpty {
             var one: UInt64 = 1
             _ = try? withUnsafeBytes(of: &one) { try wakeFD.writeFully($0) }

@@ -28,20 +28,24 @@ final class EventLoopTests: XCTestCase {
         XCTAssertTrue(loop.isCurrentOrIdle, "after stop, whoever tears it down owns it")
     }
 
-    /// Work the loop's own thread queues (as a reply resuming a task does) runs on the loop's
-    /// next turn with nothing else to wake it, from a callback and from queued work alike, in
-    /// the order it was queued; work from another thread still wakes the loop.
+    /// Work the loop's own thread queues (as a reply resuming a task does) runs with nothing
+    /// else to wake it, from a callback and from queued work alike, in the order it was queued;
+    /// from a callback, as soon as the callback returns, in the same iteration of sd-event
+    /// rather than after another epoll_wait. Work from another thread still wakes the loop.
     func testWorkTheLoopQueuesItselfRunsWithoutAWakeUp() throws {
         let loop = try EventLoop()
         loop.start(name: "test-loop")
         let order = Mutex<[String]>([])
+        let iterations = Mutex<[UInt64]>([])
         let done = DispatchSemaphore(value: 0)
         loop.execute {
             // From queued work: taken by the drain under way.
             loop.execute { order.withLock { $0.append("from work") } }
             // From a callback, which no drain is under way for.
             loop.soon {
+                let queuedIn = loop.iteration
                 loop.execute {
+                    iterations.withLock { $0 = [queuedIn, loop.iteration] }
                     order.withLock { $0.append("from a callback") }
                     loop.execute {
                         order.withLock { $0.append("and from that") }
@@ -55,6 +59,8 @@ final class EventLoopTests: XCTestCase {
             return XCTFail("work the loop queued for itself never ran; ran: \(order.withLock { $0 })")
         }
         XCTAssertEqual(order.withLock { $0 }, ["from work", "from a callback", "and from that"])
+        let (queuedIn, ranIn) = iterations.withLock { ($0[0], $0[1]) }
+        XCTAssertEqual(ranIn, queuedIn, "work a callback queued runs in the callback's own iteration")
         // Another thread's work after the loop went back to sleep.
         Thread.sleep(forTimeInterval: 0.05)
         loop.execute { done.signal() }
