@@ -45,7 +45,6 @@ static inline int linux_get_flags(int fd) { return fcntl(fd, F_GETFL); }
 static inline int linux_o_path(void) { return 010000000; }
 /* dup3(old, new, O_CLOEXEC): puts `old`'s file at number `new`, closing what was there. */
 static inline int linux_dup3_cloexec(int old, int new_fd) { return dup3(old, new_fd, O_CLOEXEC); }
-static inline int linux_set_flags(int fd, int flags) { return fcntl(fd, F_SETFL, flags); }
 static inline int linux_dupfd_cloexec(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 3); }
 
 /* Bytes waiting in a pipe or socket. */

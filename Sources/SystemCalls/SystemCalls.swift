@@ -27,13 +27,6 @@ extension FileDescriptor {
         return (FileDescriptor(rawValue: fds[0]), FileDescriptor(rawValue: fds[1]))
     }
 
-    /// fcntl(F_SETFL): clears or sets O_NONBLOCK, keeping the other status flags.
-    public func setNonBlocking(_ nonBlocking: Bool) throws(Errno) {
-        let flags = try valueOrErrno { linux_get_flags(rawValue) }
-        let wanted = nonBlocking ? flags | O_NONBLOCK : flags & ~O_NONBLOCK
-        if wanted != flags { _ = try valueOrErrno { linux_set_flags(rawValue, wanted) } }
-    }
-
     /// fcntl(F_SETPIPE_SZ). An unprivileged user may be capped by /proc/sys/fs/pipe-max-size.
     public func setPipeCapacity(_ bytes: Int32) throws(Errno) {
         _ = try valueOrErrno { linux_set_pipe_size(rawValue, bytes) }
