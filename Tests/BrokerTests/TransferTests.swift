@@ -162,7 +162,7 @@ final class TransferTests: XCTestCase {
             {"type":"application/x-big","size":\(size),"chunk":65536},\
             {"type":"text/plain","kind":"file","file":"memfd","text":"sealed bytes"}
             """)
-        let expected = Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+        let expected = Self.pattern(size)
         let spliced = world.directory.appendingPathComponent("spliced")
         XCTAssertEqual(destination.run("loadinto 0 application/x-big \(spliced.path) truncate"), "OK \(size)")
         XCTAssertEqual(try Data(contentsOf: spliced), expected)
@@ -277,6 +277,54 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(stuck.errorName, BrokerErrorCode.timeout.busName)
         XCTAssertGreaterThan(stuck.bytes, 0)
         XCTAssertLessThan(stuck.bytes, 16_777_216)
+    }
+
+    /// A destination that stops reading until both pipes are full, then reads on, gets every
+    /// byte: the daemon waits for its pipe to drain and then moves the rest.
+    func testADestinationThatPausesGetsEveryByteOnceItReadsAgain() throws {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let size = 16 << 20
+        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":\#(size),"chunk":1048576}]}]}"#)
+        let probe = try BusProbe(address: world.bus.address)
+        func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
+            try probe.call(BrokerNames.busName, path, interface, member, build).get()
+        }
+        _ = try call("PresentToken", BrokerNames.managerPath, BrokerNames.managerInterface) { m throws(BusError) in try m.append(token) }
+        _ = try call("Enter", path, BrokerNames.sessionInterface) { m throws(BusError) in try m.append("copy") }
+        _ = try call("PerformDrop", path, BrokerNames.sessionInterface) { _ throws(BusError) in }
+        let reply = try call("Load", path, BrokerNames.sessionInterface) { m throws(BusError) in
+            try m.append(UInt32(0))
+            try m.append("application/x-big")
+        }
+        let pipe = fcntl(try reply.readFileDescriptor(), F_DUPFD_CLOEXEC, 3)
+        defer { close(pipe) }
+        // Nothing read until this pipe is full (1 MiB, as the daemon sizes it) and the daemon
+        // has to wait for it to drain.
+        var pending: Int32 = 0
+        let deadline = Date().addingTimeInterval(20)
+        while pending < 1 << 20 && Date() < deadline {
+            usleep(10_000)
+            XCTAssertEqual(ioctl(pipe, UInt(FIONREAD), &pending), 0)
+        }
+        XCTAssertEqual(pending, 1 << 20, "the destination's pipe filled while nobody read it")
+        var received = Data()
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(pipe, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            XCTAssertGreaterThanOrEqual(n, 0, "read failed: errno \(errno)")
+            if n <= 0 { break }
+            received.append(contentsOf: buffer[0..<n])
+        }
+        XCTAssertEqual(received.count, size)
+        XCTAssertEqual(received, Self.pattern(size))
+        XCTAssertNotNil(source.stdout.take(timeout: 20) { $0 == "EVENT loadFinished 1 \(size) -" })
+    }
+
+    /// Byte i is (i * 31 + 7) mod 256, as the test peer writes.
+    static func pattern(_ size: Int) -> Data {
+        Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
     }
 
     func testDisconnectOfEitherPartyMidStream() throws {
