@@ -250,20 +250,8 @@ final class TransferTests: XCTestCase {
     func testADestinationThatNeverReadsSlowsOnlyItself() throws {
         let world = try World { _ in "[Limits]\nFirstByteTimeoutSec=2\nStallTimeoutSec=2\n" }
         let source = try world.peer("source-app")
-        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":16777216,"chunk":1048576}]}]}"#)
-        let probe = try BusProbe(address: world.bus.address)
-        func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
-            try probe.call(BrokerNames.busName, path, interface, member, build).get()
-        }
-        _ = try call("PresentToken", BrokerNames.managerPath, BrokerNames.managerInterface) { m throws(BusError) in try m.append(token) }
-        _ = try call("Enter", path, BrokerNames.sessionInterface) { m throws(BusError) in try m.append("copy") }
-        _ = try call("PerformDrop", path, BrokerNames.sessionInterface) { _ throws(BusError) in }
-        let held = try call("Load", path, BrokerNames.sessionInterface) { m throws(BusError) in
-            try m.append(UInt32(0))
-            try m.append("application/x-big")
-        }
-        let pipe = try held.readFileDescriptor()  // held, never read
-        defer { close(pipe) }
+        let (probe, pipe) = try loadUnread(world, from: source)  // held, never read
+        defer { withExtendedLifetime(probe) { _ = close(pipe) } }
 
         let (otherSource, reader) = try dropped(world, #"{"type":"application/x-other","size":5000000}"#, destination: try world.peer("reader-app"))
         defer { otherSource.terminate() }
@@ -276,7 +264,7 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(stuck.outcome, "timed-out")
         XCTAssertEqual(stuck.errorName, BrokerErrorCode.timeout.busName)
         XCTAssertGreaterThan(stuck.bytes, 0)
-        XCTAssertLessThan(stuck.bytes, 16_777_216)
+        XCTAssertLessThan(stuck.bytes, Int64(Self.unreadSize))
     }
 
     /// A destination that stops reading until both pipes are full, then reads on, gets every
@@ -284,21 +272,9 @@ final class TransferTests: XCTestCase {
     func testADestinationThatPausesGetsEveryByteOnceItReadsAgain() throws {
         let world = try World()
         let source = try world.peer("source-app")
-        let size = 16 << 20
-        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":\#(size),"chunk":1048576}]}]}"#)
-        let probe = try BusProbe(address: world.bus.address)
-        func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
-            try probe.call(BrokerNames.busName, path, interface, member, build).get()
-        }
-        _ = try call("PresentToken", BrokerNames.managerPath, BrokerNames.managerInterface) { m throws(BusError) in try m.append(token) }
-        _ = try call("Enter", path, BrokerNames.sessionInterface) { m throws(BusError) in try m.append("copy") }
-        _ = try call("PerformDrop", path, BrokerNames.sessionInterface) { _ throws(BusError) in }
-        let reply = try call("Load", path, BrokerNames.sessionInterface) { m throws(BusError) in
-            try m.append(UInt32(0))
-            try m.append("application/x-big")
-        }
-        let pipe = fcntl(try reply.readFileDescriptor(), F_DUPFD_CLOEXEC, 3)
-        defer { close(pipe) }
+        let size = Self.unreadSize
+        let (probe, pipe) = try loadUnread(world, from: source)
+        defer { withExtendedLifetime(probe) { _ = close(pipe) } }
         // Nothing read until this pipe is full (1 MiB, as the daemon sizes it) and the daemon
         // has to wait for it to drain.
         var pending: Int32 = 0
@@ -320,6 +296,28 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(received.count, size)
         XCTAssertEqual(received, Self.pattern(size))
         XCTAssertNotNil(source.stdout.take(timeout: 20) { $0 == "EVENT loadFinished 1 \(size) -" })
+    }
+
+    static let unreadSize = 16 << 20
+
+    /// `unreadSize` bytes of `application/x-big` from a drag `source` begins, loaded by a bare
+    /// bus connection (the probe, which must stay connected): the destination's pipe, which
+    /// nobody reads until the caller does.
+    func loadUnread(_ world: World, from source: Peer) throws -> (probe: BusProbe, pipe: Int32) {
+        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":\#(Self.unreadSize),"chunk":1048576}]}]}"#)
+        let probe = try BusProbe(address: world.bus.address)
+        func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
+            try probe.call(BrokerNames.busName, path, interface, member, build).get()
+        }
+        _ = try call("PresentToken", BrokerNames.managerPath, BrokerNames.managerInterface) { m throws(BusError) in try m.append(token) }
+        _ = try call("Enter", path, BrokerNames.sessionInterface) { m throws(BusError) in try m.append("copy") }
+        _ = try call("PerformDrop", path, BrokerNames.sessionInterface) { _ throws(BusError) in }
+        let reply = try call("Load", path, BrokerNames.sessionInterface) { m throws(BusError) in
+            try m.append(UInt32(0))
+            try m.append("application/x-big")
+        }
+        // The message owns its descriptor: the caller gets a copy of its own to close.
+        return (probe, fcntl(try reply.readFileDescriptor(), F_DUPFD_CLOEXEC, 3))
     }
 
     /// Byte i is (i * 31 + 7) mod 256, as the test peer writes.
