@@ -267,13 +267,15 @@ final class TransferTests: XCTestCase {
         XCTAssertLessThan(stuck.bytes, Int64(Self.unreadSize))
     }
 
-    /// A destination that stops reading until both pipes are full, then reads on, gets every
-    /// byte: the daemon waits for its pipe to drain and then moves the rest.
+    /// A destination that stops reading until both pipes are full, then reads faster than its
+    /// source writes, gets every byte: the daemon waits for the destination's pipe to drain,
+    /// then for the source's bytes again.
     func testADestinationThatPausesGetsEveryByteOnceItReadsAgain() throws {
         let world = try World()
         let source = try world.peer("source-app")
         let size = Self.unreadSize
-        let (probe, pipe) = try loadUnread(world, from: source)
+        // 64 KiB a millisecond at most: slower than the reader below.
+        let (probe, pipe) = try loadUnread(world, from: source, chunk: 65536, pauseMs: 1)
         defer { withExtendedLifetime(probe) { _ = close(pipe) } }
         // Nothing read until this pipe is full (1 MiB, as the daemon sizes it) and the daemon
         // has to wait for it to drain.
@@ -300,11 +302,12 @@ final class TransferTests: XCTestCase {
 
     static let unreadSize = 16 << 20
 
-    /// `unreadSize` bytes of `application/x-big` from a drag `source` begins, loaded by a bare
-    /// bus connection (the probe, which must stay connected): the destination's pipe, which
-    /// nobody reads until the caller does.
-    func loadUnread(_ world: World, from source: Peer) throws -> (probe: BusProbe, pipe: Int32) {
-        let (token, path) = try source.begin(#"{"items":[{"reps":[{"type":"application/x-big","size":\#(Self.unreadSize),"chunk":1048576}]}]}"#)
+    /// `unreadSize` bytes of `application/x-big` from a drag `source` begins, written `chunk`
+    /// bytes at a time with `pauseMs` between, loaded by a bare bus connection (the probe,
+    /// which must stay connected): the destination's pipe, which nobody reads until the caller does.
+    func loadUnread(_ world: World, from source: Peer, chunk: Int = 1 << 20, pauseMs: Int = 0) throws -> (probe: BusProbe, pipe: Int32) {
+        let spec = #"{"type":"application/x-big","size":\#(Self.unreadSize),"chunk":\#(chunk),"pauseMs":\#(pauseMs)}"#
+        let (token, path) = try source.begin(#"{"items":[{"reps":[\#(spec)]}]}"#)
         let probe = try BusProbe(address: world.bus.address)
         func call(_ member: String, _ path: String, _ interface: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void) throws -> Message {
             try probe.call(BrokerNames.busName, path, interface, member, build).get()
