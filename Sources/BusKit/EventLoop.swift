@@ -18,13 +18,11 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     public let handle: OpaquePointer
     private let wakeFD: FileDescriptor
     private var wakeSource: OpaquePointer?
-    /// Drains work the loop's own thread queued from a callback, without the eventfd:
-    /// enabling it is no system call. Normally `turn` takes the work first.
-    private var ownWorkSource: OpaquePointer?
     /// Whether `drain` runs now, which takes work queued meanwhile itself. Loop thread only.
     private var isDraining = false
-    /// The loop's own thread queued work outside a drain: `turn` takes it as soon as the
-    /// callback that queued it returns. Loop thread only.
+    /// The loop's own thread queued work outside a drain, which it does only from a callback
+    /// of `turn`'s: `turn` takes the work as soon as that callback returns, without the
+    /// eventfd. Loop thread only.
     private var ownWorkPending = false
     private let queue = Mutex<[Work]>([])
     /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
@@ -58,21 +56,9 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             sd_event_unref(handle)
             throw BusError.system(r, "sd_event_add_io")
         }
-        let d = sd_event_add_defer(handle, &ownWorkSource, { _, userdata in
-            Unmanaged<EventLoop>.fromOpaque(userdata!).takeUnretainedValue().drain()
-            return 0
-        }, Unmanaged.passUnretained(self).toOpaque())
-        guard d >= 0 else {
-            sd_event_source_disable_unref(wakeSource)
-            wakeFD.closeQuietly()
-            sd_event_unref(handle)
-            throw BusError.system(d, "sd_event_add_defer")
-        }
-        sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF))
     }
 
     deinit {
-        sd_event_source_disable_unref(ownWorkSource)
         sd_event_source_disable_unref(wakeSource)
         wakeFD.closeQuietly()
         sd_event_unref(handle)
@@ -127,14 +113,13 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     }
 
     /// One iteration of sd-event, then the work its callback queued for this thread. A task
-    /// that a reply resumes runs at once, where the deferred source would have waited for
-    /// another iteration: its prepare callbacks (sd-bus re-arms its timeout timer there) and
-    /// an epoll_wait that returns at once.
+    /// that a reply resumes runs at once: a deferred event source would have waited for
+    /// another iteration, its prepare callbacks (sd-bus re-arms its timeout timer there) and an
+    /// epoll_wait that returns at once, for sd-event dispatches one source per iteration.
     private func turn() -> Int32 {
         let r = sd_event_run(handle, UInt64.max)
         if ownWorkPending {
             ownWorkPending = false
-            sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_OFF))
             drain()
         }
         return r
@@ -235,7 +220,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     /// Queues work for the loop. Another thread wakes the loop through the eventfd when the
     /// queue was empty (else a wake-up or a drain is already due); the loop's own thread, which
     /// queues a task's next step each time a reply resumes it, needs no wake-up: a drain under
-    /// way takes the work, or else the loop's next turn does.
+    /// way takes the work, or else the turn whose callback queued it does, once it returns.
     private func push(_ work: Work) {
         let onLoop = isCurrent
         let wasEmpty = queue.withLock { queue in
@@ -243,11 +228,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             return queue.count == 1
         }
         if onLoop {
-            // The deferred source too, should the work come from anywhere but a turn's callback.
-            if !isDraining {
-                ownWorkPending = true
-                sd_event_source_set_enabled(ownWorkSource, Int32(SD_EVENT_ONESHOT))
-            }
+            if !isDraining { ownWorkPending = true }
         } else if wasEmpty {
             var one: UInt64 = 1
             _ = try? withUnsafeBytes(of: &one) { try wakeFD.writeFully($0) }
