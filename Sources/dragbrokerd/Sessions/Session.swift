@@ -236,7 +236,7 @@ final class Session {
     /// with none left; `index` is the item's real index.
     func visibleItems(for identity: AppIdentity, flow: FlowView) -> [(index: Int, item: VisibleItem)] {
         items.enumerated().compactMap { index, item in
-            let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
+            let types = visibleTypes(of: item, for: identity, flow: flow)
             if types.isEmpty { return nil }
             return (index, VisibleItem(suggestedName: item.suggestedName, preferredWidth: item.preferredWidth,
                                        preferredHeight: item.preferredHeight, typeIdentifiers: types))
@@ -252,10 +252,15 @@ final class Session {
                 if item.representations.contains(where: { exists($0, for: identity, flow: flow) }) { shown += 1 }
                 continue
             }
-            let types = item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
+            let types = visibleTypes(of: item, for: identity, flow: flow)
             if !types.isEmpty { return (index, types) }
         }
         return nil
+    }
+
+    /// The types of `item` that exist for `identity`, in the order they were listed.
+    private func visibleTypes(of item: ItemDescriptor, for identity: AppIdentity, flow: FlowView) -> [String] {
+        item.representations.filter { exists($0, for: identity, flow: flow) }.map(\.typeIdentifier)
     }
 
     /// Whether `visibleItems` would show `identity` anything, without building the list:
