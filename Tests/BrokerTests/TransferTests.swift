@@ -7,11 +7,12 @@ import XCTest
 /// The transfer engine: exact bytes at every size, files without copies, progress,
 /// cancellation from every side, deadlines, disconnects, size limits, and no leaked fds.
 final class TransferTests: XCTestCase {
-    /// A drop of one item with the given representation JSON, ready to load.
-    func dropped(_ world: World, _ reps: String, source: Peer? = nil, destination: Peer? = nil) throws -> (Peer, Peer) {
+    /// A drop of one item with the given representation JSON, ready to load; with `unread`,
+    /// nobody reads the source's events until `readsourceevents`.
+    func dropped(_ world: World, _ reps: String, source: Peer? = nil, destination: Peer? = nil, unread: Bool = false) throws -> (Peer, Peer) {
         let source = try source ?? world.peer("source-app")
         let destination = try destination ?? world.peer("destination-app")
-        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[\#(reps)]}]}"#)
+        let (token, path) = try source.begin(#"{"unread":\#(unread),"items":[{"name":"x","reps":[\#(reps)]}]}"#)
         XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
         XCTAssertEqual(destination.run("enter copy"), "OK copy")
         XCTAssertEqual(destination.run("drop"), "OK copy")
@@ -118,11 +119,7 @@ final class TransferTests: XCTestCase {
     /// many loads it serves, its end among them.
     func testDragEventsNobodyReadsAreBoundedAndKeepTheEnd() throws {
         let world = try World()
-        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
-        let (token, path) = try source.begin(#"{"unread":true,"items":[{"name":"x","reps":[{"type":"text/plain","text":"hello"}]}]}"#)
-        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
-        XCTAssertEqual(destination.run("enter copy"), "OK copy")
-        XCTAssertEqual(destination.run("drop"), "OK copy")
+        let (source, destination) = try dropped(world, #"{"type":"text/plain","text":"hello"}"#, unread: true)
         XCTAssertEqual(destination.run("loadmany 300 0 text/plain"), "OK 1500")
         XCTAssertEqual(destination.run("conclude"), "OK")
         // willEnd, 300 × (loadRequested, loadFinished), ended, transferFinished: the newest 256

@@ -164,23 +164,22 @@ final class Peer: Sendable {
             case "readsourceevents":
                 // readsourceevents <drag|entry>: as `readevents`, for the source's last drag or
                 // entry begun `unread`: their count, how many are loads finished, and the last.
-                var count = 0, finished = 0, last = "none"
+                func tally<Event>(_ events: AsyncStream<Event>, _ isLoadFinished: (Event) -> Bool,
+                                  _ describe: (Event) -> String) async -> String {
+                    var count = 0, finished = 0, last = "none"
+                    for await event in events {
+                        count += 1
+                        if isLoadFinished(event) { finished += 1 }
+                        last = describe(event)
+                    }
+                    return "OK \(count) \(finished) \(last)"
+                }
                 if args[0] == "drag" {
                     guard let drag = drags.withLock({ $0.last }) else { throw BrokerError(.notFound, "no drag begun") }
-                    for await event in drag.events {
-                        count += 1
-                        if case .loadFinished = event { finished += 1 }
-                        last = describe(event)
-                    }
-                } else {
-                    guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
-                    for await event in entry.events {
-                        count += 1
-                        if case .loadFinished = event { finished += 1 }
-                        last = describe(event)
-                    }
+                    return await tally(drag.events, { if case .loadFinished = $0 { true } else { false } }, describe)
                 }
-                return "OK \(count) \(finished) \(last)"
+                guard let entry = entries.withLock({ $0.last }) else { throw BrokerError(.notFound, "no entry copied") }
+                return await tally(entry.events, { if case .loadFinished = $0 { true } else { false } }, describe)
             case "items":
                 let items = try await lastDrop().items()
                 let encoder = JSONEncoder()
