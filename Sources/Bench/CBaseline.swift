@@ -2,8 +2,8 @@ import Foundation
 
 /// The same calls BrokerClient makes for a drop, from a plain C client on sd-bus
 /// (`dragbroker-bench-c`, beside this binary) with a drag of its own: the yardstick for what
-/// the library adds. Each of its measurements runs right after BrokerClient's of the same
-/// kind, so both see the same machine.
+/// the library adds. Its measurements run in blocks that alternate with BrokerClient's of the
+/// same kind (`Orchestrator.measureAgainstC`), so both see the same machine.
 final class CBaseline {
     /// One measurement's percentiles, in microseconds, with its paired echo's.
     struct Figures {
@@ -31,7 +31,7 @@ final class CBaseline {
         let token = try world.sourceToken("begin", "the source did not begin a drag for the C client")
         child = try Child(name: "dragbroker-bench-c", executable: path,
                           arguments: [world.address, token, world.sourceName, BenchTypes.small, BenchTypes.file,
-                                      "\(Orchestrator.latencyWarmup)", "\(Orchestrator.latencyIterations)", "\(Int(Orchestrator.latencyBudget))"],
+                                      "\(Orchestrator.latencyIterations)"],
                           environment: [:])
         Cleanup.shared.add(child)
         guard let ready = child.stdout.take(timeout: 20, where: { $0.hasPrefix("READY") || $0.hasPrefix("ERR") }), ready.hasPrefix("READY") else {
@@ -39,13 +39,24 @@ final class CBaseline {
         }
     }
 
-    /// `update` (Enter once, then Update round trips), `firstbyte` or `handover`.
-    func measure(_ command: String) throws -> Figures {
-        try child.send(command)
-        let ok = "OK \(command) "
-        let budget = Orchestrator.latencyBudget * 2 + 30
-        guard let line = child.stdout.take(timeout: budget, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
-            throw BenchError("the C client failed to measure \(command): \(child.stdout.tail(3))\n\(child.diagnostics())")
+    /// `kind` is `update` (Enter once, then Update round trips), `firstbyte` or `handover`:
+    /// `pairs` operations, each paired with an echo; recorded, or a warm-up.
+    func run(_ kind: String, pairs: Int, recorded: Bool) throws {
+        let command = recorded ? "block" : "warmup"
+        try child.send("\(command) \(kind) \(pairs)")
+        let ok = "OK \(command) \(kind)"
+        let budget = Double(pairs) * 0.1 + 30
+        guard child.stdout.take(timeout: budget, where: { $0 == ok || $0.hasPrefix("ERR") }) == ok else {
+            throw BenchError("the C client failed to measure \(kind): \(child.stdout.tail(3))\n\(child.diagnostics())")
+        }
+    }
+
+    /// The percentiles of every pair of `kind` recorded since the last report.
+    func report(_ kind: String) throws -> Figures {
+        try child.send("report \(kind)")
+        let ok = "OK \(kind) "
+        guard let line = child.stdout.take(timeout: 30, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
+            throw BenchError("the C client did not report \(kind): \(child.stdout.tail(3))\n\(child.diagnostics())")
         }
         let numbers = line.dropFirst(ok.count).split(separator: " ").compactMap { Double($0) }
         guard numbers.count == 5 else { throw BenchError("unexpected line from the C client: \(line)") }
@@ -68,7 +79,7 @@ final class CBaseline {
         }
     }
 
-    /// BrokerClient's p50 over the C client's, measured one after the other.
+    /// BrokerClient's p50 over the C client's.
     static func ratio(_ library: Orchestrator.Paired, _ c: Figures) -> Double {
         library.op.micros(50) / c.p50
     }

@@ -171,14 +171,13 @@ enum Orchestrator {
             return elapsed
         }
         let update = try await measurePaired(op: updateOp, echo: ping)
-        // The same with the connection's loop as the task's executor (h).
-        let updateOnLoop = try await measurePaired(on: connection, op: updateOp, echo: ping)
+        // (h) The same with the connection's loop as the task's executor, taking turns with a
+        // plain C client making the same calls.
+        progress("(h) Update round trip on the connection's executor, and from the C client")
+        let baseline = try CBaseline(world: world)
+        let (updateOnLoop, cUpdate) = try await measureAgainstC(baseline, "update", on: connection, op: updateOp, echo: ping)
 
         guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
-        // (h) The same calls from a plain C client, each right after the library's.
-        progress("(h) the C client: Update round trip")
-        let baseline = try CBaseline(world: world)
-        let cUpdate = try baseline.measure("update")
         try baseline.drop()
         // The echo again, timed where the reply lands (on the loop's thread): the difference to
         // the echo above is the cost of the hops between the caller's task and the loop.
@@ -189,11 +188,10 @@ enum Orchestrator {
         progress("(c) Load to first byte (\(BenchSizes.small)-byte data representation, loadStream) vs echo")
         let firstByteOp: () async throws -> UInt64 = { try await timeToFirstByte(from: drop) }
         let firstByte = try await measurePaired(op: firstByteOp, echo: ping)
-        let firstByteOnLoop = try await measurePaired(on: connection, op: firstByteOp, echo: ping)
         // (c''') The same bytes registered as they are: no handler, answered on the source's loop.
         let firstByteHeld = try await measurePaired(op: { try await timeToFirstByte(from: drop, of: BenchTypes.smallHeld) }, echo: ping)
-        progress("(h) the C client: Load to first byte")
-        let cFirstByte = try baseline.measure("firstbyte")
+        progress("(h) Load to first byte on the connection's executor, and from the C client")
+        let (firstByteOnLoop, cFirstByte) = try await measureAgainstC(baseline, "firstbyte", on: connection, op: firstByteOp, echo: ping)
         // Gone before the drags in a row are counted, which it would share the machine with.
         try baseline.finish()
 
@@ -279,13 +277,13 @@ enum Orchestrator {
             }
         }
         let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
-        let handoverOnLoop = try await measurePaired(on: connection, op: handoverOp(BenchTypes.file), echo: ping)
         // (b') The same memfd registered as it is: no handler, answered on the source's loop.
         let handoverHeld = try await measurePaired(op: handoverOp(BenchTypes.fileHeld), echo: ping)
-        progress("(h) the C client: file handover")
+        progress("(h) file handover on the connection's executor, and from the C client")
         let handoverBaseline = try CBaseline(world: world)
         try handoverBaseline.drop()
-        let cHandover = try handoverBaseline.measure("handover")
+        let (handoverOnLoop, cHandover) = try await measureAgainstC(handoverBaseline, "handover", on: connection,
+                                                                     op: handoverOp(BenchTypes.file), echo: ping)
         try handoverBaseline.finish()
 
         // (a) Throughput, last: broker and plain pipe runs interleaved (ABBA order) so drift
@@ -447,10 +445,11 @@ enum Orchestrator {
 
     static func baselineLines(update: LibraryAndC, firstByte: LibraryAndC, handover: LibraryAndC?,
                               echoOnLoop: Paired) -> (lines: [String], keys: [String]) {
-        var lines = ["(h) the same calls from a plain C client on sd-bus (blocking sd_bus_call, no threads), each measured",
-                     "    right after BrokerClient's; ratio = BrokerClient p50 / C p50. BrokerClient is measured twice: inside",
-                     "    withTaskExecutorPreference(connection.taskExecutor), as the C client calls from the thread that reads the",
-                     "    replies (client_*_vs_c), and from an arbitrary task, two thread hops per call (client_*_from_task_vs_c)",
+        var lines = ["(h) the same calls from a plain C client on sd-bus (blocking sd_bus_call, no threads); ratio = BrokerClient",
+                     "    p50 / C p50. BrokerClient is measured twice: inside withTaskExecutorPreference(connection.taskExecutor),",
+                     "    as the C client calls from the thread that reads the replies, taking turns with the C client in blocks of",
+                     "    \(cBlock) pairs, each pausing by sleeping that thread as the C client does (client_*_vs_c); and from an",
+                     "    arbitrary task, two thread hops per call, as in (b)-(d) (client_*_from_task_vs_c)",
                      "  echo timed on the loop's thread (no hop to or from the caller's task) against the echo from a task:",
                      pairLine(echoOnLoop)]
         var keys: [String] = []
@@ -513,12 +512,37 @@ enum Orchestrator {
         return first
     }
 
-    /// As below, with `connection`'s loop as the task's executor throughout.
-    static func measurePaired(on connection: BrokerConnection, op: () async throws -> UInt64,
-                              echo: () async throws -> Void) async throws -> Paired {
+    /// Pairs per block when BrokerClient and the C client take turns.
+    static let cBlock = 100
+
+    /// BrokerClient with `connection`'s loop as the task's executor, as the C client calls from
+    /// the thread that reads its replies, against the C client's `kind` of operation: in
+    /// alternating blocks of `cBlock` pairs, so that drift in the machine falls on both alike.
+    /// Each of BrokerClient's pairs pauses as the C client's does, by sleeping the thread that
+    /// will make the call (the loop's), so no other thread of this process wakes up just before
+    /// it: a `Task.sleep` would wake the concurrency runtime's timer thread and a pool thread on
+    /// this 2-core machine at the moment the call starts.
+    static func measureAgainstC(_ baseline: CBaseline, _ kind: String, on connection: BrokerConnection,
+                                op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> (library: Paired, c: CBaseline.Figures) {
+        var library = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
         try await withTaskExecutorPreference(connection.taskExecutor) {
-            try await measurePaired(op: op, echo: echo)
+            for _ in 0..<latencyWarmup {
+                _ = try await op()
+                try await echo()
+            }
         }
+        try baseline.run(kind, pairs: latencyWarmup, recorded: false)
+        // Both take turns within the budget each has alone.
+        let deadline = monotonicNanos() + UInt64(2 * latencyBudget * 1e9)
+        while library.count < latencyIterations && monotonicNanos() < deadline {
+            let pairs = min(cBlock, latencyIterations - library.count)
+            try await withTaskExecutorPreference(connection.taskExecutor) {
+                try await measurePairs(pairs, into: &library, op: op, echo: echo, settle: settleOnThisThread)
+            }
+            // Off the loop: the C client's block takes a while, and the connection keeps reading.
+            try baseline.run(kind, pairs: pairs, recorded: true)
+        }
+        return (library, try baseline.report(kind))
     }
 
     static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {
@@ -529,6 +553,15 @@ enum Orchestrator {
         }
         let deadline = monotonicNanos() + UInt64(latencyBudget * 1e9)
         while result.count < latencyIterations && monotonicNanos() < deadline {
+            try await measurePairs(1, into: &result, op: op, echo: echo, settle: settle)
+        }
+        return result
+    }
+
+    /// `count` pairs, each a pause, the operation, a pause and the echo.
+    static func measurePairs(_ count: Int, into result: inout Paired, op: () async throws -> UInt64,
+                             echo: () async throws -> Void, settle: () async throws -> Void) async throws {
+        for _ in 0..<count {
             try await settle()
             result.op.record(try await op())
             try await settle()
@@ -537,13 +570,18 @@ enum Orchestrator {
             result.echo.record(monotonicNanos() - start)
             result.count += 1
         }
-        return result
     }
 
     static let settleNanoseconds: UInt64 = 1_000_000
 
     static func settle() async throws {
         try await Task.sleep(nanoseconds: settleNanoseconds)
+    }
+
+    static func settleOnThisThread() {
+        var pause = timespec(tv_sec: 0, tv_nsec: Int(settleNanoseconds))
+        var left = timespec()
+        while nanosleep(&pause, &left) < 0 && errno == EINTR { pause = left }
     }
 
     static func pairLine(_ pair: Paired) -> String {

@@ -3,16 +3,21 @@
  * BrokerClient costs on top of this is the library's own overhead (make bench prints it as
  * client_*_vs_c). It deliberately does not use BusKit: it is the yardstick, not the product.
  *
- * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE WARMUP ITERATIONS BUDGET-SECONDS
- * It presents TOKEN, prints "READY", then answers each command on stdin with one line:
- *   update     Enter(copy) once, then Update(copy) round trips  -> "OK update N P50 P99 ECHO-P50 ECHO-P99"
- *   drop       Enter(copy) unless update entered, then PerformDrop -> "OK drop"
- *   firstbyte  Load(0, SMALL-TYPE) to the first byte read, each read to its end -> "OK firstbyte ..."
- *   handover   Load(0, FILE-TYPE) to the descriptor in hand     -> "OK handover ..."
- *   quit       Conclude, then exit
- * Times are nanoseconds. Each measurement alternates with an echo (org.freedesktop.DBus.Peer.Ping
- * to ECHO-PEER) and starts after a 1 ms pause, as the Swift side measures.
- * Failures print "ERR <what>" and exit 1. */
+ * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY
+ * It presents TOKEN, prints "READY", then answers each command on stdin with one line. KIND is
+ *   update     Enter(copy) on first use, then Update(copy) round trips
+ *   firstbyte  Load(0, SMALL-TYPE) to the first byte read, each read to its end
+ *   handover   Load(0, FILE-TYPE) to the descriptor in hand
+ * and the commands are
+ *   warmup KIND N   N operations, each followed by an echo, not recorded  -> "OK warmup KIND"
+ *   block KIND N    N recorded pairs (at most CAPACITY in all per KIND)    -> "OK block KIND"
+ *   report KIND     the pairs recorded so far, which it then forgets      -> "OK KIND N P50 P99 ECHO-P50 ECHO-P99"
+ *   drop            Enter(copy) unless update entered, then PerformDrop   -> "OK drop"
+ *   quit            Conclude, then exit
+ * Blocks let the Swift side alternate with its own measurement of the same kind, so that both
+ * see the same machine. Times are nanoseconds. A recorded pair is a 1 ms pause, the operation,
+ * a 1 ms pause and an echo (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side
+ * measures. Failures print "ERR <what>" and exit 1. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -33,8 +38,7 @@ static const char *SESSION = "org.dragbroker.Broker1.Session";
 static sd_bus *bus;
 static char *session_path;
 static const char *echo_peer, *small_type, *file_type;
-static long warmup, iterations;
-static double budget_seconds;
+static long capacity;
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -156,47 +160,74 @@ static uint64_t percentile(uint64_t *values, long count, double p) {
     return values[index];
 }
 
-/* Alternates op and echo as the Swift side's measurePaired does, and prints the line. */
-static void measure(const char *name, uint64_t (*op)(void)) {
-    uint64_t *ops = calloc((size_t)iterations, sizeof *ops), *echoes = calloc((size_t)iterations, sizeof *echoes);
-    if (!ops || !echoes) die("calloc", ENOMEM);
-    for (long i = 0; i < warmup; i++) {
-        op();
+/* What has been recorded of one kind of operation since its last report. */
+struct record {
+    const char *name;
+    uint64_t (*op)(void);
+    uint64_t *ops, *echoes;
+    long count;
+};
+
+static struct record records[] = {
+    {"update", op_update, NULL, NULL, 0},
+    {"firstbyte", op_first_byte, NULL, NULL, 0},
+    {"handover", op_handover, NULL, NULL, 0},
+};
+
+static struct record *record_named(const char *name) {
+    for (size_t i = 0; i < sizeof records / sizeof records[0]; i++)
+        if (strcmp(records[i].name, name) == 0) return &records[i];
+    return NULL;
+}
+
+static void warm(struct record *record, long count) {
+    for (long i = 0; i < count; i++) {
+        record->op();
         echo();
     }
-    uint64_t deadline = now_ns() + (uint64_t)(budget_seconds * 1e9);
-    long count = 0;
-    while (count < iterations && now_ns() < deadline) {
+}
+
+/* Alternates op and echo as the Swift side's measurePaired does. */
+static void block(struct record *record, long count) {
+    if (count > capacity - record->count) die("more pairs than CAPACITY", EOVERFLOW);
+    for (long i = 0; i < count; i++) {
         settle();
-        ops[count] = op();
+        record->ops[record->count] = record->op();
         settle();
         uint64_t start = now_ns();
         echo();
-        echoes[count] = now_ns() - start;
-        count++;
+        record->echoes[record->count] = now_ns() - start;
+        record->count++;
     }
-    qsort(ops, (size_t)count, sizeof *ops, compare);
-    qsort(echoes, (size_t)count, sizeof *echoes, compare);
-    printf("OK %s %ld %llu %llu %llu %llu\n", name, count, (unsigned long long)percentile(ops, count, 50),
-           (unsigned long long)percentile(ops, count, 99), (unsigned long long)percentile(echoes, count, 50),
-           (unsigned long long)percentile(echoes, count, 99));
+}
+
+static void report(struct record *record) {
+    long count = record->count;
+    if (count == 0) die("nothing recorded to report", ENODATA);
+    qsort(record->ops, (size_t)count, sizeof *record->ops, compare);
+    qsort(record->echoes, (size_t)count, sizeof *record->echoes, compare);
+    printf("OK %s %ld %llu %llu %llu %llu\n", record->name, count, (unsigned long long)percentile(record->ops, count, 50),
+           (unsigned long long)percentile(record->ops, count, 99), (unsigned long long)percentile(record->echoes, count, 50),
+           (unsigned long long)percentile(record->echoes, count, 99));
     fflush(stdout);
-    free(ops);
-    free(echoes);
+    record->count = 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: %s ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE WARMUP ITERATIONS BUDGET-SECONDS\n", argv[0]);
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY\n", argv[0]);
         return 2;
     }
     echo_peer = argv[3];
     small_type = argv[4];
     file_type = argv[5];
-    warmup = atol(argv[6]);
-    iterations = atol(argv[7]);
-    budget_seconds = atof(argv[8]);
-    if (iterations <= 0) die("ITERATIONS must be positive", EINVAL);
+    capacity = atol(argv[6]);
+    if (capacity <= 0) die("CAPACITY must be positive", EINVAL);
+    for (size_t i = 0; i < sizeof records / sizeof records[0]; i++) {
+        records[i].ops = calloc((size_t)capacity, sizeof *records[i].ops);
+        records[i].echoes = calloc((size_t)capacity, sizeof *records[i].echoes);
+        if (!records[i].ops || !records[i].echoes) die("calloc", ENOMEM);
+    }
 
     int r = sd_bus_new(&bus);
     if (r < 0) die("sd_bus_new", r);
@@ -216,13 +247,24 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     int entered = 0;
-    char line[64];
+    char line[64], command[16], kind[16];
+    long count;
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\n")] = 0;
-        if (strcmp(line, "update") == 0) {
+        int words = sscanf(line, "%15s %15s %ld", command, kind, &count);
+        struct record *record = words >= 2 ? record_named(kind) : NULL;
+        if (record == &records[0] && !entered) {
             if (strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
             entered = 1;
-            measure("update", op_update);
+        }
+        if (words == 3 && record && count >= 0 && strcmp(command, "warmup") == 0) {
+            warm(record, count);
+            printf("OK warmup %s\n", kind);
+        } else if (words == 3 && record && count >= 0 && strcmp(command, "block") == 0) {
+            block(record, count);
+            printf("OK block %s\n", kind);
+        } else if (words == 2 && record && strcmp(command, "report") == 0) {
+            report(record);
         } else if (strcmp(line, "drop") == 0) {
             if (!entered && strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
             reply = NULL;
@@ -230,11 +272,6 @@ int main(int argc, char **argv) {
             if (r < 0) die_call("PerformDrop", &error, r);
             sd_bus_message_unref(reply);
             printf("OK drop\n");
-            fflush(stdout);
-        } else if (strcmp(line, "firstbyte") == 0) {
-            measure("firstbyte", op_first_byte);
-        } else if (strcmp(line, "handover") == 0) {
-            measure("handover", op_handover);
         } else if (strcmp(line, "quit") == 0) {
             drain();
             reply = NULL;
@@ -244,8 +281,8 @@ int main(int argc, char **argv) {
             break;
         } else {
             printf("ERR unknown command '%s'\n", line);
-            fflush(stdout);
         }
+        fflush(stdout);
     }
     sd_bus_flush_close_unref(bus);
     return 0;
