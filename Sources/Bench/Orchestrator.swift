@@ -526,10 +526,7 @@ enum Orchestrator {
                                 op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> (library: Paired, c: CBaseline.Figures) {
         var library = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
         try await withTaskExecutorPreference(connection.taskExecutor) {
-            for _ in 0..<latencyWarmup {
-                _ = try await op()
-                try await echo()
-            }
+            try await warmUp(op: op, echo: echo)
         }
         try baseline.run(kind, pairs: latencyWarmup, recorded: false)
         // Both take turns within the budget each has alone.
@@ -547,15 +544,20 @@ enum Orchestrator {
 
     static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {
         var result = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
-        for _ in 0..<latencyWarmup {
-            _ = try await op()
-            try await echo()
-        }
+        try await warmUp(op: op, echo: echo)
         let deadline = monotonicNanos() + UInt64(latencyBudget * 1e9)
         while result.count < latencyIterations && monotonicNanos() < deadline {
             try await measurePairs(1, into: &result, op: op, echo: echo, settle: settle)
         }
         return result
+    }
+
+    /// `latencyWarmup` operations, each followed by an echo, recorded nowhere.
+    static func warmUp(op: () async throws -> UInt64, echo: () async throws -> Void) async throws {
+        for _ in 0..<latencyWarmup {
+            _ = try await op()
+            try await echo()
+        }
     }
 
     /// `count` pairs, each a pause, the operation, a pause and the echo.

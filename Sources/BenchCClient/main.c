@@ -12,7 +12,7 @@
  *   warmup KIND N   N operations, each followed by an echo, not recorded  -> "OK warmup KIND"
  *   block KIND N    N recorded pairs (at most CAPACITY in all per KIND)    -> "OK block KIND"
  *   report KIND     the pairs recorded so far, which it then forgets      -> "OK KIND N P50 P99 ECHO-P50 ECHO-P99"
- *   drop            Enter(copy) unless update entered, then PerformDrop   -> "OK drop"
+ *   drop            Enter(copy) unless done already, then PerformDrop     -> "OK drop"
  *   quit            Conclude, then exit
  * Blocks let the Swift side alternate with its own measurement of the same kind, so that both
  * see the same machine. Times are nanoseconds. A recorded pair is a 1 ms pause, the operation,
@@ -112,6 +112,14 @@ static int load(const char *type) {
     return fd;
 }
 
+/* Enter(copy), the first time only: Update and PerformDrop both follow it. */
+static void enter_once(void) {
+    static int entered;
+    if (entered) return;
+    if (strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
+    entered = 1;
+}
+
 static uint64_t op_update(void) {
     uint64_t start = now_ns();
     const char *allowed = propose("Update");
@@ -209,7 +217,6 @@ static void report(struct record *record) {
     printf("OK %s %ld %llu %llu %llu %llu\n", record->name, count, (unsigned long long)percentile(record->ops, count, 50),
            (unsigned long long)percentile(record->ops, count, 99), (unsigned long long)percentile(record->echoes, count, 50),
            (unsigned long long)percentile(record->echoes, count, 99));
-    fflush(stdout);
     record->count = 0;
 }
 
@@ -246,27 +253,24 @@ int main(int argc, char **argv) {
     printf("READY %s\n", session_path);
     fflush(stdout);
 
-    int entered = 0;
     char line[64], command[16], kind[16];
     long count;
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\n")] = 0;
         int words = sscanf(line, "%15s %15s %ld", command, kind, &count);
         struct record *record = words >= 2 ? record_named(kind) : NULL;
-        if (record == &records[0] && !entered) {
-            if (strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
-            entered = 1;
-        }
         if (words == 3 && record && count >= 0 && strcmp(command, "warmup") == 0) {
+            if (record->op == op_update) enter_once();
             warm(record, count);
             printf("OK warmup %s\n", kind);
         } else if (words == 3 && record && count >= 0 && strcmp(command, "block") == 0) {
+            if (record->op == op_update) enter_once();
             block(record, count);
             printf("OK block %s\n", kind);
         } else if (words == 2 && record && strcmp(command, "report") == 0) {
             report(record);
         } else if (strcmp(line, "drop") == 0) {
-            if (!entered && strcmp(propose("Enter"), "copy") != 0) die("Enter was not answered copy", EPROTO);
+            enter_once();
             reply = NULL;
             r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "PerformDrop", &error, &reply, "");
             if (r < 0) die_call("PerformDrop", &error, r);
