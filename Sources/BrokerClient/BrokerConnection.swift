@@ -359,7 +359,11 @@ public actor BrokerConnection {
                 case .bytes(let data):
                     try await write(data, to: fd, sessionPath, load)
                 case .stream(let writer):
-                    try await writer(DataWriter(fd: fd) { [weak self] size in await self?.announce(sessionPath, load, size) })
+                    let thread = WriterThread()
+                    defer { thread.finish() }
+                    try await withTaskExecutorPreference(thread) {
+                        try await writer(DataWriter(fd: fd, thread: thread) { [weak self] size in await self?.announce(sessionPath, load, size) })
+                    }
                 case .file, .heldFile:
                     throw BrokerError(.failed, "'\(type)' is a file representation")
                 }

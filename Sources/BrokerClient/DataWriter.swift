@@ -3,13 +3,16 @@ import Foundation
 import SystemCalls
 
 /// Where a stream representation's writer puts its bytes: the pipe the broker passed.
-/// Writes block only a dispatch thread, never the caller's executor or the event loop.
+/// Writes block only the load's own thread (the writer runs there, see `WriterThread`) or,
+/// from code running elsewhere, a dispatch thread: never the caller's executor or the event loop.
 public final class DataWriter: Sendable {
     private let fd: FileDescriptor
+    private let thread: WriterThread?
     private let announce: @Sendable (UInt64) async -> Void
 
-    init(fd: FileDescriptor, announce: @escaping @Sendable (UInt64) async -> Void) {
+    init(fd: FileDescriptor, thread: WriterThread?, announce: @escaping @Sendable (UInt64) async -> Void) {
         self.fd = fd
+        self.thread = thread
         self.announce = announce
     }
 
@@ -22,7 +25,11 @@ public final class DataWriter: Sendable {
     public func write(_ data: Data) async throws {
         try Task.checkCancellation()
         do {
-            try await DescriptorIO.writeAll(data, to: fd)
+            if let thread, thread.isCurrent {
+                try DescriptorIO.writeAllBlocking(data, to: fd)
+            } else {
+                try await DescriptorIO.writeAll(data, to: fd)
+            }
         } catch let error as Errno where error == .brokenPipe {
             throw BrokerError(.cancelled, "The destination is no longer reading")
         }

@@ -19,10 +19,13 @@ enum DescriptorIO {
     /// Writes all of `data` to `fd`, which stays open. A reader that left makes it fail with
     /// `Errno.brokenPipe`, never with SIGPIPE.
     static func writeAll(_ data: Data, to fd: FileDescriptor) async throws {
-        try await offLoop {
-            try Kernel.withSIGPIPEBlocked {
-                try data.withUnsafeBytes { try fd.writeFully($0) }
-            }
+        try await offLoop { try writeAllBlocking(data, to: fd) }
+    }
+
+    /// `writeAll` on the calling thread, which it may block: only for a thread of its own.
+    static func writeAllBlocking(_ data: Data, to fd: FileDescriptor) throws {
+        try Kernel.withSIGPIPEBlocked {
+            try data.withUnsafeBytes { try fd.writeFully($0) }
         }
     }
 
@@ -107,9 +110,13 @@ enum DescriptorIO {
         return total
     }
 
+    /// A serial queue of its own for each call: libdispatch gives serial queues a thread
+    /// whenever they have work (they overcommit), where the global queue runs no more blocking
+    /// calls at once than there are CPUs, so on two cores a third load's pipe would wait for
+    /// one of the first two to finish.
     private static func offLoop<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async {
+            DispatchQueue(label: "org.dragbroker.client.descriptor").async {
                 continuation.resume(with: Result { try body() })
             }
         }

@@ -23,6 +23,7 @@ static inline int linux_errno(void) { return errno; }
 
 /* prctl is variadic. The kernel keeps 15 bytes of the name. */
 static inline int linux_set_thread_name(const char *name) { return prctl(PR_SET_NAME, name, 0, 0, 0); }
+static inline int linux_gettid(void) { return (int)syscall(SYS_gettid); }
 
 /* Swift sees `flock` as fcntl's struct, not the call. */
 static inline int linux_flock_exclusive(int fd) { return flock(fd, LOCK_EX | LOCK_NB); }

@@ -447,6 +447,11 @@ public enum Kernel {
         _ = linux_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
     }
 
+    /// The calling thread's kernel ID: its entry under /proc/self/task.
+    public static func currentThreadID() -> pid_t {
+        pid_t(linux_gettid())
+    }
+
     /// A peer that closes its pipe must cost an EPIPE, never the process.
     public static func ignoreSIGPIPE() {
         linux_ignore_sigpipe()
