@@ -56,7 +56,9 @@ public final class ItemProvider: Sendable {
     /// Registers a representation written piece by piece, for data that is large or slow to
     /// produce: the destination starts receiving before the writer finishes. The writer runs
     /// on a thread of its own, where `DataWriter.write` waits for the destination to take the
-    /// bytes; what it awaits elsewhere (an actor) runs there as usual.
+    /// bytes; what it awaits elsewhere (an actor) runs there as usual. Child tasks it starts
+    /// share that thread: parallel work belongs under
+    /// `withTaskExecutorPreference(globalConcurrentExecutor)`.
     public func registerStreamRepresentation(forTypeIdentifier typeIdentifier: String, visibility: Visibility = .all,
                                              writer: @escaping StreamHandler) {
         register(typeIdentifier, visibility, .stream(writer))
