@@ -8,12 +8,9 @@ import XCTest
 /// goes away when the writer is done without stranding any task that still prefers it.
 final class WriterThreadTests: XCTestCase {
     /// Where a nonisolated step runs: the thread, and whether it is the writer's.
-    private struct Place: Equatable {
+    private struct Place {
         let thread: pthread_t
         let onWriterThread: Bool
-        static func == (a: Place, b: Place) -> Bool {
-            pthread_equal(a.thread, b.thread) != 0 && a.onWriterThread == b.onWriterThread
-        }
     }
 
     private nonisolated static func place(_ writer: WriterThread) -> Place {

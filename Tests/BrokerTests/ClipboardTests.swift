@@ -47,7 +47,7 @@ final class ClipboardTests: XCTestCase {
 
         // One copy, pasted again: another paste, another record.
         try desktop.type("ctrl+v", in: target.title)
-        XCTAssert(Self.eventually(timeout: 20) { target.stdout.all { $0 == "target: concluded the copy" }.count == 2 }, target.stdout.text)
+        XCTAssert(eventually(timeout: 20) { target.stdout.all { $0 == "target: concluded the copy" }.count == 2 }, target.stdout.text)
         let pastes = try world.daemon.waitForLog { log -> [SessionRecord]? in
             let pastes = try log.sessions().filter { $0.kind == "paste" }
             return pastes.count < 2 ? nil : pastes.sorted { $0.sessionID < $1.sessionID }
@@ -219,14 +219,5 @@ final class ClipboardTests: XCTestCase {
         copier.send(text)
         copier.closeInput()
         return copier
-    }
-
-    static func eventually(timeout: TimeInterval = 10, _ condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if condition() { return true }
-            usleep(50_000)
-        }
-        return false
     }
 }

@@ -9,6 +9,16 @@ let productsDirectory: URL = {
     return URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
 }()
 
+/// Whether `condition` holds within `timeout` seconds, asked every 50 ms.
+func eventually(timeout: TimeInterval = 10, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(50_000)
+    }
+    return false
+}
+
 /// Lines from a child's output, collected on a thread of their own.
 final class LineReader: @unchecked Sendable {
     private let condition = NSCondition()

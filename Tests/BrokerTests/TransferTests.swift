@@ -60,13 +60,6 @@ final class TransferTests: XCTestCase {
         return tasks.filter { (try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) == "dragbroker-writ\n" }.count
     }
 
-    /// `writerThreads(of:)` once it equals `count`, or at a deadline of ten seconds.
-    private func writerThreads(of pid: pid_t, reaching count: Int) -> Int {
-        let deadline = Date().addingTimeInterval(10)
-        while writerThreads(of: pid) != count && Date() < deadline { usleep(10_000) }
-        return writerThreads(of: pid)
-    }
-
     /// A stream's writer runs on a thread of its own, where its writes may wait for the pipe,
     /// and the thread leaves with the writer: one while a load streams (here, stalled), none
     /// once it is cancelled or has finished.
@@ -80,12 +73,12 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(writerThreads(of: pid), 0, "no load yet")
         destination.send("loadprogress 0 application/x-stalls")
         XCTAssertNotNil(destination.stdout.take { $0.hasPrefix("PROGRESS ") }, destination.stdout.text)
-        XCTAssertEqual(writerThreads(of: pid, reaching: 1), 1, "the stalled load's writer")
+        XCTAssertTrue(eventually { writerThreads(of: pid) == 1 }, "the stalled load's writer; threads: \(writerThreads(of: pid))")
         XCTAssertEqual(source.run("cancelload 1"), "OK")
         XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "The source cancelled load 1"))
-        XCTAssertEqual(writerThreads(of: pid, reaching: 0), 0, "gone with the cancelled writer")
+        XCTAssertTrue(eventually { writerThreads(of: pid) == 0 }, "gone with the cancelled writer; threads: \(writerThreads(of: pid))")
         XCTAssertEqual(destination.run("loadcheck 0 application/x-big"), "OK 4194304 pattern")
-        XCTAssertEqual(writerThreads(of: pid, reaching: 0), 0, "gone with the finished writer")
+        XCTAssertTrue(eventually { writerThreads(of: pid) == 0 }, "gone with the finished writer; threads: \(writerThreads(of: pid))")
         XCTAssertEqual(source.handlerCalls.count, 2)
     }
 
