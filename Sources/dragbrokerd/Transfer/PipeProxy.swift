@@ -40,7 +40,8 @@ final class PipeProxy {
 
     /// Larger pipes halve the number of wakeups per byte; see `make bench`.
     private static let pipeSize: Int32 = 1 << 20
-    /// Bytes moved per wakeup before yielding to the rest of the loop, for fairness.
+    /// Bytes moved in one wakeup, once the source answered and the pump drains what its pipe
+    /// holds, before yielding to the rest of the loop, for fairness.
     private static let sliceBudget: UInt64 = 8 << 20
 
     /// Creates the pipes and lends the peers' ends to `handOver` (source's write end, then the
@@ -141,6 +142,11 @@ final class PipeProxy {
                 let n = try input.splice(to: output, count: Int(chunk))
                 if n == 0 { return .endOfData }
                 moved += UInt64(n)
+                // One splice per wakeup while the source writes: asking again at once finds
+                // it copying its next chunk into the pipe under the pipe's lock, and the
+                // daemon would spin on that lock for the whole copy. The watch is
+                // level-triggered, so bytes left behind (or the end) wake the loop again.
+                if !sourceIsDone { return nil }
             } catch .resourceTemporarilyUnavailable {
                 if sourceIsDone, (try? input.bytesPending()) == 0 {
                     return .endOfData
