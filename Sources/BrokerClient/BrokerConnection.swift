@@ -37,8 +37,9 @@ public actor BrokerConnection {
     /// `withTaskExecutorPreference(connection.taskExecutor) { … }`: the call is sent, and its
     /// reply resumes the task, on the thread that read it, as a C client on sd-bus does on its
     /// own thread. What blocks or computes for long belongs elsewhere: on the loop it holds up
-    /// every reply and event of this connection. Loads read and write their descriptors off
-    /// the loop either way. Code isolated to an actor (the main actor) runs on that actor's
+    /// every reply and event of this connection. Either way, a data load waits for its pipe
+    /// on the loop and reads its first chunk there; other descriptor reads and writes run off
+    /// the loop. Code isolated to an actor (the main actor) runs on that actor's
     /// executor whatever the preference.
     public nonisolated var taskExecutor: any TaskExecutor { loop }
 

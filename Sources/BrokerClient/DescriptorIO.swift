@@ -1,19 +1,19 @@
 import Dispatch
 import Foundation
+import BusKit
 import SystemCalls
 
 /// Blocking descriptor I/O, run on a dispatch thread so the event loop never waits on a peer.
 /// The system calls, their errno and their EINTR retries are SystemCalls'; failures are its
 /// `Errno`.
 enum DescriptorIO {
-    /// Reads `fd` to end of file, then closes it.
-    static func readToEnd(consuming fd: FileDescriptor) async throws -> Data {
-        try await offLoop {
-            defer { fd.closeQuietly() }
-            var data = Data()
-            _ = try forEachChunk(of: fd, bufferSize: 1 << 16) { data.append($0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: $0.count) }
-            return data
+    /// Reads `fd` to end of file, then closes it; for a pipe, as `readChunks` reads it.
+    static func readToEnd(consuming fd: FileDescriptor, pipeOn loop: EventLoop? = nil) async throws -> Data {
+        let collected = Locked(Data())
+        _ = try await readChunks(consuming: fd, pipeOn: loop, chunkSize: 1 << 16) { chunk in
+            collected.withLock { $0.append(chunk) }
         }
+        return collected.withLock { $0 }
     }
 
     /// Writes all of `data` to `fd`, which stays open. A reader that left makes it fail with
@@ -53,14 +53,57 @@ enum DescriptorIO {
         return true
     }
 
-    /// Reads `fd` to end of file in chunks, calling `chunk` on each (on a dispatch thread),
-    /// then closes it. Returns the byte count.
-    static func readChunks(consuming fd: FileDescriptor, chunkSize: Int = 1 << 20,
+    /// Reads `fd` to end of file in chunks, calling `chunk` on each, then closes it. Returns
+    /// the byte count.
+    ///
+    /// A pipe (`fd` of a data load) is waited for on `loop`, and its first `chunkSize` bytes
+    /// are read there, each read as large as what the pipe holds: a read of a pipe the loop
+    /// found readable does not wait, and a small representation then costs no hop to a
+    /// dispatch thread and back, which was most of what its first byte cost the destination.
+    /// The rest, and any other descriptor, is read on a dispatch thread, so the loop never
+    /// copies more than one chunk of a load.
+    static func readChunks(consuming fd: FileDescriptor, pipeOn loop: EventLoop? = nil, chunkSize: Int = 1 << 20,
                            _ chunk: @escaping @Sendable (Data) throws -> Void) async throws -> UInt64 {
-        try await offLoop {
+        var total: UInt64 = 0
+        if let loop {
+            do {
+                // Preferred, the loop runs every step of this, however the caller runs.
+                let head = try await withTaskExecutorPreference(loop) {
+                    try await readHead(of: fd, on: loop, upTo: chunkSize, chunk)
+                }
+                if head.ended {
+                    fd.closeQuietly()
+                    return head.bytes
+                }
+                total = head.bytes
+            } catch {
+                fd.closeQuietly()
+                throw error
+            }
+        }
+        return try await total + offLoop {
             defer { fd.closeQuietly() }
             return try forEachChunk(of: fd, bufferSize: chunkSize) { try chunk(Data($0)) }
         }
+    }
+
+    /// `readChunks`'s part on the loop: up to `limit` bytes of the pipe `fd`, and whether its
+    /// end came with them.
+    private static func readHead(of fd: FileDescriptor, on loop: EventLoop, upTo limit: Int,
+                                 _ chunk: @Sendable (Data) throws -> Void) async throws -> (bytes: UInt64, ended: Bool) {
+        let pipe = try ReadinessWatch(fd, on: loop)
+        var total = 0
+        while total < limit {
+            await pipe.readable()
+            // Readable and empty means end of file: a read of one byte says so.
+            var bytes = Data(count: max(1, min(try fd.bytesPending(), limit - total)))
+            let count = try bytes.withUnsafeMutableBytes { try fd.readSome(into: $0) }
+            if count == 0 { return (UInt64(total), true) }
+            bytes.count = count
+            try chunk(bytes)
+            total += count
+        }
+        return (UInt64(total), false)
     }
 
     /// Copies `fd` to end of file into `output`, then closes `fd`. Returns the byte count.
@@ -120,5 +163,41 @@ enum DescriptorIO {
                 continuation.resume(with: Result { try body() })
             }
         }
+    }
+}
+
+/// A pipe watched on its loop's thread for as long as a reader waits for it there, a wait at
+/// a time. The watch is level-triggered: one that fires while nobody waits (the reader has
+/// not read yet) turns itself off, rather than wake the loop again and again.
+private final class ReadinessWatch {
+    private let loop: EventLoop
+    private var watch: IOWatch?
+    private var waiter: CheckedContinuation<Void, Never>?
+    private var isEnabled = true
+
+    /// Call on `loop`'s thread, and let go of it there (BusKit checks both).
+    init(_ fd: FileDescriptor, on loop: EventLoop) throws(BusError) {
+        self.loop = loop
+        watch = try IOWatch(loop: loop, fd: fd.rawValue, when: .readable) { [unowned self] in fired() }
+    }
+
+    /// Suspends until the pipe holds bytes, has reached its end or failed. Call on the loop's
+    /// thread, whose callbacks run only once this task has suspended.
+    func readable() async {
+        if !isEnabled {
+            isEnabled = true
+            watch?.setEnabled(true)
+        }
+        await withCheckedContinuation { waiter = $0 }
+    }
+
+    private func fired() {
+        guard let waiter else {
+            isEnabled = false
+            watch?.setEnabled(false)
+            return
+        }
+        self.waiter = nil
+        waiter.resume()
     }
 }

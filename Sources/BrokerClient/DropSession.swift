@@ -100,9 +100,9 @@ public final class DropSession: Sendable {
     public func loadData(item: Int, typeIdentifier: String,
                          progress: (@Sendable (UInt64, UInt64?) -> Void)? = nil) async throws(BrokerError) -> Data {
         let collected = Locked(Data())
-        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { fd, _ in
-            // A file arrives as its own read-only descriptor: read it like a pipe.
-            let data = try await DescriptorIO.readToEnd(consuming: fd)
+        _ = try await load(item: item, typeIdentifier: typeIdentifier, progress: progress) { [loop = connection.loop] fd, kind in
+            // A file arrives as its own read-only descriptor: read it like a pipe, off the loop.
+            let data = try await DescriptorIO.readToEnd(consuming: fd, pipeOn: kind == .data ? loop : nil)
             collected.withLock { $0 = data }
             return UInt64(data.count)
         }
@@ -115,8 +115,8 @@ public final class DropSession: Sendable {
             // On the loop, where the Load call's reply lands: no hop there and back for it.
             let task = Task(executorPreference: connection.taskExecutor) {
                 do {
-                    _ = try await self.load(item: item, typeIdentifier: typeIdentifier, progress: nil) { fd, _ in
-                        try await DescriptorIO.readChunks(consuming: fd) { continuation.yield($0) }
+                    _ = try await self.load(item: item, typeIdentifier: typeIdentifier, progress: nil) { [loop = self.connection.loop] fd, kind in
+                        try await DescriptorIO.readChunks(consuming: fd, pipeOn: kind == .data ? loop : nil) { continuation.yield($0) }
                     }
                     continuation.finish()
                 } catch {
