@@ -1,6 +1,7 @@
 import BrokerProtocol
 import BusKit
 import Glibc
+import Synchronization
 import SystemCalls
 
 /// Moves one load's bytes from the source's pipe to the destination's pipe with splice(2),
@@ -38,6 +39,8 @@ final class PipeProxy {
     /// whether or not every copy of the write end has been closed.
     private var sourceIsDone = false
 
+    /// Proxies alive in this process: loads whose bytes may be moving at once.
+    private static let pumping = Atomic<Int>(0)
     /// Larger pipes halve the number of wakeups per byte; see `make bench`.
     private static let pipeSize: Int32 = 1 << 20
     /// Bytes moved in one wakeup, once the source answered and the pump drains what its pipe
@@ -68,6 +71,7 @@ final class PipeProxy {
         }
         input = fromSource.readEnd
         output = toDestination.writeEnd
+        Self.pumping.add(1, ordering: .relaxed)
         self.loop = loop
         self.onFinish = onFinish
         defer {
@@ -86,6 +90,7 @@ final class PipeProxy {
     }
 
     deinit {
+        Self.pumping.subtract(1, ordering: .relaxed)
         inputWatch = nil
         outputWatch = nil
         input.closeQuietly()
@@ -142,11 +147,13 @@ final class PipeProxy {
                 let n = try input.splice(to: output, count: Int(chunk))
                 if n == 0 { return .endOfData }
                 moved += UInt64(n)
-                // One splice per wakeup while the source writes: asking again at once finds
-                // it copying its next chunk into the pipe under the pipe's lock, and the
-                // daemon would spin on that lock for the whole copy. The watch is
+                // While the source writes and other loads are pumped too, one splice per
+                // wakeup: asking again at once finds the source copying its next chunk into
+                // the pipe under the pipe's lock, and the daemon would spin on that lock for
+                // the whole copy, a core the other loads' peers need. A lone load keeps the
+                // spin, which hands its pipe on sooner than a wakeup would. The watch is
                 // level-triggered, so bytes left behind (or the end) wake the loop again.
-                if !sourceIsDone { return nil }
+                if !sourceIsDone && Self.pumping.load(ordering: .relaxed) > 1 { return nil }
             } catch .resourceTemporarilyUnavailable {
                 if sourceIsDone, (try? input.bytesPending()) == 0 {
                     return .endOfData
