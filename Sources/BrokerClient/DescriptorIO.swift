@@ -1,6 +1,6 @@
+import BusKit
 import Dispatch
 import Foundation
-import BusKit
 import SystemCalls
 
 /// Blocking descriptor I/O, run on a dispatch thread so the event loop never waits on a peer.
@@ -170,14 +170,12 @@ enum DescriptorIO {
 /// a time. The watch is level-triggered: one that fires while nobody waits (the reader has
 /// not read yet) turns itself off, rather than wake the loop again and again.
 private final class ReadinessWatch {
-    private let loop: EventLoop
     private var watch: IOWatch?
     private var waiter: CheckedContinuation<Void, Never>?
     private var isEnabled = true
 
     /// Call on `loop`'s thread, and let go of it there (BusKit checks both).
     init(_ fd: FileDescriptor, on loop: EventLoop) throws(BusError) {
-        self.loop = loop
         watch = try IOWatch(loop: loop, fd: fd.rawValue, when: .readable) { [unowned self] in fired() }
     }
 

@@ -43,8 +43,8 @@ final class PipeProxy {
     private static let pumping = Atomic<Int>(0)
     /// Larger pipes halve the number of wakeups per byte; see `make bench`.
     private static let pipeSize: Int32 = 1 << 20
-    /// Bytes moved in one wakeup, once the source answered and the pump drains what its pipe
-    /// holds, before yielding to the rest of the loop, for fairness.
+    /// Bytes moved in one wakeup (a lone load's, or a drain once the source answered) before
+    /// yielding to the rest of the loop, for fairness.
     private static let sliceBudget: UInt64 = 8 << 20
 
     /// Creates the pipes and lends the peers' ends to `handOver` (source's write end, then the
