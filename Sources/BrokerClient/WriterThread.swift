@@ -12,9 +12,6 @@ import SystemCalls
 /// after that (a task that still prefers this executor) runs on a dispatch thread, so no task
 /// ever waits for a thread that is gone.
 final class WriterThread: TaskExecutor, @unchecked Sendable {
-    /// Threads started and not yet gone, for tests that check none is left behind.
-    static let running = Locked(0)
-
     /// Guards everything below; idle threads wait on it.
     private let condition = NSCondition()
     private var jobs: [UnownedJob] = []
@@ -23,7 +20,6 @@ final class WriterThread: TaskExecutor, @unchecked Sendable {
     private var thread: pthread_t?
 
     init() {
-        Self.running.withLock { $0 += 1 }
         Thread { [self] in
             Kernel.nameCurrentThread("dragbroker-writ")
             run()
@@ -36,6 +32,13 @@ final class WriterThread: TaskExecutor, @unchecked Sendable {
         defer { condition.unlock() }
         guard let thread else { return false }
         return pthread_equal(thread, pthread_self()) != 0
+    }
+
+    /// Whether the thread has left (after `finish`, once its jobs ran).
+    var hasLeft: Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return gone
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
@@ -68,7 +71,6 @@ final class WriterThread: TaskExecutor, @unchecked Sendable {
                 gone = true
                 thread = nil
                 condition.unlock()
-                Self.running.withLock { $0 -= 1 }
                 return
             }
             let batch = jobs
