@@ -11,7 +11,7 @@ enum DescriptorIO {
     static func readToEnd(consuming fd: FileDescriptor, pipeOn loop: EventLoop? = nil) async throws -> Data {
         let collected = Locked(Data())
         _ = try await readChunks(consuming: fd, pipeOn: loop, chunkSize: 1 << 16) { chunk in
-            collected.withLock { $0.append(chunk) }
+            collected.withLock { $0.append(contentsOf: chunk) }
         }
         return collected.withLock { $0 }
     }
@@ -53,8 +53,8 @@ enum DescriptorIO {
         return true
     }
 
-    /// Reads `fd` to end of file in chunks, calling `chunk` on each, then closes it. Returns
-    /// the byte count.
+    /// Reads `fd` to end of file in chunks, handing `chunk` each one (valid only for the
+    /// call), then closes it. Returns the byte count.
     ///
     /// A pipe (`fd` of a data load) is waited for on `loop`, and its first `chunkSize` bytes
     /// are read there, each read as large as what the pipe holds: a read of a pipe the loop
@@ -63,7 +63,7 @@ enum DescriptorIO {
     /// The rest, and any other descriptor, is read on a dispatch thread, so the loop never
     /// copies more than one chunk of a load.
     static func readChunks(consuming fd: FileDescriptor, pipeOn loop: EventLoop? = nil, chunkSize: Int = 1 << 20,
-                           _ chunk: @escaping @Sendable (Data) throws -> Void) async throws -> UInt64 {
+                           _ chunk: @escaping @Sendable (UnsafeRawBufferPointer) throws -> Void) async throws -> UInt64 {
         var total: UInt64 = 0
         if let loop {
             do {
@@ -83,24 +83,24 @@ enum DescriptorIO {
         }
         return try await total + offLoop {
             defer { fd.closeQuietly() }
-            return try forEachChunk(of: fd, bufferSize: chunkSize) { try chunk(Data($0)) }
+            return try forEachChunk(of: fd, bufferSize: chunkSize, chunk)
         }
     }
 
     /// `readChunks`'s part on the loop: up to `limit` bytes of the pipe `fd`, and whether its
     /// end came with them.
     private static func readHead(of fd: FileDescriptor, on loop: EventLoop, upTo limit: Int,
-                                 _ chunk: @Sendable (Data) throws -> Void) async throws -> (bytes: UInt64, ended: Bool) {
+                                 _ chunk: @Sendable (UnsafeRawBufferPointer) throws -> Void) async throws -> (bytes: UInt64, ended: Bool) {
         let pipe = try ReadinessWatch(fd, on: loop)
         var total = 0
         while total < limit {
             await pipe.readable()
             // Readable and empty means end of file: a read of one byte says so.
-            var bytes = Data(count: max(1, min(try fd.bytesPending(), limit - total)))
-            let count = try bytes.withUnsafeMutableBytes { try fd.readSome(into: $0) }
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, min(try fd.bytesPending(), limit - total)), alignment: 1)
+            defer { buffer.deallocate() }
+            let count = try fd.readSome(into: buffer)
             if count == 0 { return (UInt64(total), true) }
-            bytes.count = count
-            try chunk(bytes)
+            try chunk(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
             total += count
         }
         return (UInt64(total), false)

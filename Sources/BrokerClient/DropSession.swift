@@ -116,7 +116,7 @@ public final class DropSession: Sendable {
             let task = Task(executorPreference: connection.taskExecutor) {
                 do {
                     _ = try await self.load(item: item, typeIdentifier: typeIdentifier, progress: nil) { [loop = self.connection.loop] fd, kind in
-                        try await DescriptorIO.readChunks(consuming: fd, pipeOn: kind == .data ? loop : nil) { continuation.yield($0) }
+                        try await DescriptorIO.readChunks(consuming: fd, pipeOn: kind == .data ? loop : nil) { continuation.yield(Data($0)) }
                     }
                     continuation.finish()
                 } catch {

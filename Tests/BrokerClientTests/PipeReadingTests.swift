@@ -32,15 +32,15 @@ final class PipeReadingTests: XCTestCase {
     /// as `loadData` may, from a task that does not.
     private func read(_ fd: FileDescriptor, into chunks: Locked<[Chunk]>, fromLoop: Bool = true) -> Task<UInt64, Error> {
         let loop = loop!
-        return read(fd, fromLoop: fromLoop) { bytes in chunks.withLock { $0.append(Chunk(bytes: bytes, onLoop: loop.isCurrent)) } }
+        return read(fd, fromLoop: fromLoop) { bytes in chunks.withLock { $0.append(Chunk(bytes: Data(bytes), onLoop: loop.isCurrent)) } }
     }
 
-    private func read(_ fd: FileDescriptor, fromLoop: Bool = true, chunk: @escaping @Sendable (Data) throws -> Void) -> Task<UInt64, Error> {
+    private func read(_ fd: FileDescriptor, fromLoop: Bool = true, chunk: @escaping @Sendable (UnsafeRawBufferPointer) throws -> Void) -> Task<UInt64, Error> {
         Self.read(fd, on: loop, fromLoop: fromLoop, chunk: chunk)
     }
 
     private static func read(_ fd: FileDescriptor, on loop: EventLoop, fromLoop: Bool,
-                             chunk: @escaping @Sendable (Data) throws -> Void) -> Task<UInt64, Error> {
+                             chunk: @escaping @Sendable (UnsafeRawBufferPointer) throws -> Void) -> Task<UInt64, Error> {
         let chunkSize = chunkSize
         return Task(executorPreference: fromLoop ? loop : nil) {
             try await DescriptorIO.readChunks(consuming: fd, pipeOn: loop, chunkSize: chunkSize, chunk)
