@@ -159,6 +159,16 @@ enum Orchestrator {
         }
         let sourceName = world.sourceName
         let ping: () async throws -> Void = { try await echo.ping(sourceName) }
+        // (h)'s echo: a connection of its own on the destination connection's loop, so that
+        // BrokerClient's operation and its echo run on one thread, as the C client's do on its
+        // one thread, and no second thread of this process wakes between them.
+        guard let connectionLoop = connection.taskExecutor as? EventLoop else { throw BenchError("the connection's executor is not its loop") }
+        let loopEcho = try await withTaskExecutorPreference(connection.taskExecutor) {
+            try EchoClient(address: world.address, sharing: connectionLoop)
+        }
+        // Never released: its bus may be let go only on that loop's thread.
+        _ = Unmanaged.passRetained(loopEcho)
+        let pingOnConnectionLoop: () async throws -> Void = { try await loopEcho.ping(sourceName) }
 
         // (d) Update round trips: proposals exist only before the drop, so this comes first.
         progress("(d) proposal Update round trip vs echo: \(latencyWarmup) warm-up, up to \(latencyIterations) pairs or \(Int(latencyBudget)) s")
@@ -175,7 +185,7 @@ enum Orchestrator {
         // plain C client making the same calls.
         progress("(h) Update round trip on the connection's executor, and from the C client")
         let baseline = try CBaseline(world: world)
-        let (updateOnLoop, cUpdate) = try await measureAgainstC(baseline, "update", on: connection, op: updateOp, echo: ping)
+        let (updateOnLoop, cUpdate, cUpdateLoop) = try await measureAgainstC(baseline, "update", on: connection, op: updateOp, echo: pingOnConnectionLoop)
 
         guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
         try baseline.drop()
@@ -191,7 +201,7 @@ enum Orchestrator {
         // (c''') The same bytes registered as they are: no handler, answered on the source's loop.
         let firstByteHeld = try await measurePaired(op: { try await timeToFirstByte(from: drop, of: BenchTypes.smallHeld) }, echo: ping)
         progress("(h) Load to first byte on the connection's executor, and from the C client")
-        let (firstByteOnLoop, cFirstByte) = try await measureAgainstC(baseline, "firstbyte", on: connection, op: firstByteOp, echo: ping)
+        let (firstByteOnLoop, cFirstByte, cFirstByteLoop) = try await measureAgainstC(baseline, "firstbyte", on: connection, op: firstByteOp, echo: pingOnConnectionLoop)
         // Gone before the drags in a row are counted, which it would share the machine with.
         try baseline.finish()
 
@@ -249,7 +259,7 @@ enum Orchestrator {
                     "(c) Load → first byte", pairLine(firstByte)] + heldFirstByteLines + [
                     "(c') the same with FailClosed=yes", pairLine(failClosedFirstByte),
                     "(d) Update", pairLine(update)] + rateLines + pasteLines
-                    + { $0.lines + $0.keys }(baselineLines(update: (update, updateOnLoop, cUpdate), firstByte: (firstByte, firstByteOnLoop, cFirstByte), handover: nil,
+                    + { $0.lines + $0.keys }(baselineLines(update: (update, updateOnLoop, cUpdate, cUpdateLoop), firstByte: (firstByte, firstByteOnLoop, cFirstByte, cFirstByteLoop), handover: nil,
                                                            echoOnLoop: echoOnLoop)) + [
                     "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
                     "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
@@ -276,14 +286,14 @@ enum Orchestrator {
                 return elapsed
             }
         }
-        let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
+        let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: pingOnConnectionLoop)
         // (b') The same memfd registered as it is: no handler, answered on the source's loop.
         let handoverHeld = try await measurePaired(op: handoverOp(BenchTypes.fileHeld), echo: ping)
         progress("(h) file handover on the connection's executor, and from the C client")
         let handoverBaseline = try CBaseline(world: world)
         try handoverBaseline.drop()
-        let (handoverOnLoop, cHandover) = try await measureAgainstC(handoverBaseline, "handover", on: connection,
-                                                                     op: handoverOp(BenchTypes.file), echo: ping)
+        let (handoverOnLoop, cHandover, cHandoverLoop) = try await measureAgainstC(handoverBaseline, "handover", on: connection,
+                                                                     op: handoverOp(BenchTypes.file), echo: pingOnConnectionLoop)
         try handoverBaseline.finish()
 
         // (a) Throughput, last: broker and plain pipe runs interleaved (ABBA order) so drift
@@ -413,8 +423,8 @@ enum Orchestrator {
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
         report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
-        let cLines = baselineLines(update: (update, updateOnLoop, cUpdate), firstByte: (firstByte, firstByteOnLoop, cFirstByte),
-                                   handover: (handover, handoverOnLoop, cHandover),
+        let cLines = baselineLines(update: (update, updateOnLoop, cUpdate, cUpdateLoop), firstByte: (firstByte, firstByteOnLoop, cFirstByte, cFirstByteLoop),
+                                   handover: (handover, handoverOnLoop, cHandover, cHandoverLoop),
                                    echoOnLoop: echoOnLoop)
         report += cLines.lines
         report += concurrent.lines
@@ -441,26 +451,33 @@ enum Orchestrator {
     /// (h): the C client's figures beside the library's, and the library's p50 over C's.
     /// The library's figures for one kind of call: from an arbitrary task, and from a task that
     /// prefers the connection's loop as its executor.
-    typealias LibraryAndC = (fromTask: Paired, onLoop: Paired, c: CBaseline.Figures)
+    typealias LibraryAndC = (fromTask: Paired, onLoop: Paired, c: CBaseline.Figures, cLoop: CBaseline.Figures)
 
     static func baselineLines(update: LibraryAndC, firstByte: LibraryAndC, handover: LibraryAndC?,
                               echoOnLoop: Paired) -> (lines: [String], keys: [String]) {
         var lines = ["(h) the same calls from a plain C client on sd-bus (blocking sd_bus_call, no threads); ratio = BrokerClient",
                      "    p50 / C p50. BrokerClient is measured twice: inside withTaskExecutorPreference(connection.taskExecutor),",
                      "    as the C client calls from the thread that reads the replies, taking turns with the C client in blocks of",
-                     "    \(cBlock) pairs, each pausing by sleeping that thread as the C client does (client_*_vs_c); and from an",
-                     "    arbitrary task, two thread hops per call, as in (b)-(d) (client_*_from_task_vs_c)",
+                     "    \(cBlock) pairs, each pausing by sleeping that thread and echoing from a connection on that same loop, as",
+                     "    the C client pauses and echoes on its one thread (client_*_vs_c); and from an",
+                     "    arbitrary task, two thread hops per call, as in (b)-(d) (client_*_from_task_vs_c). The C client also makes",
+                     "    each call as an asynchronous C client does, sd_bus_call_method_async on an sd-event loop attached to its",
+                     "    bus, waiting in sd_event_run (the first byte through an io source on the pipe), in blocks of its own",
+                     "    taking the same turns (client_*_vs_c_loop = BrokerClient on its executor p50 / that p50)",
                      "  echo timed on the loop's thread (no hop to or from the caller's task) against the echo from a task:",
                      pairLine(echoOnLoop)]
         var keys: [String] = []
         for (name, key, figures) in [("Update", "update", update), ("Load → first byte", "first_byte", firstByte)]
             + (handover.map { [("file handover", "handover", $0)] } ?? []) {
             lines.append("  \(name), C:\(figures.c.line)")
+            lines.append("    C on its sd-event loop:\(figures.cLoop.line)")
             lines.append("    on the connection's executor:\(pairLine(figures.onLoop))")
             lines.append("    BrokerClient/C p50: on the connection's executor \(format(CBaseline.ratio(figures.onLoop, figures.c), 2)), "
-                         + "from a task \(format(CBaseline.ratio(figures.fromTask, figures.c), 2))")
+                         + "from a task \(format(CBaseline.ratio(figures.fromTask, figures.c), 2)); "
+                         + "C on its loop / blocking C \(format(figures.cLoop.p50 / figures.c.p50, 2))")
             keys.append("client_\(key)_vs_c=\(format(CBaseline.ratio(figures.onLoop, figures.c), 2))")
             keys.append("client_\(key)_from_task_vs_c=\(format(CBaseline.ratio(figures.fromTask, figures.c), 2))")
+            keys.append("client_\(key)_vs_c_loop=\(format(CBaseline.ratio(figures.onLoop, figures.cLoop), 2))")
         }
         return (lines, keys)
     }
@@ -516,30 +533,33 @@ enum Orchestrator {
     static let cBlock = 100
 
     /// BrokerClient with `connection`'s loop as the task's executor, as the C client calls from
-    /// the thread that reads its replies, against the C client's `kind` of operation: in
-    /// alternating blocks of `cBlock` pairs, so that drift in the machine falls on both alike.
+    /// the thread that reads its replies, against the C client's `kind` of operation, blocking
+    /// and on its event loop (`kind-loop`): in alternating blocks of `cBlock` pairs, so that
+    /// drift in the machine falls on all three alike.
     /// Each of BrokerClient's pairs pauses as the C client's does, by sleeping the thread that
     /// will make the call (the loop's), so no other thread of this process wakes up just before
     /// it: a `Task.sleep` would wake the concurrency runtime's timer thread and a pool thread on
     /// this 2-core machine at the moment the call starts.
     static func measureAgainstC(_ baseline: CBaseline, _ kind: String, on connection: BrokerConnection,
-                                op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> (library: Paired, c: CBaseline.Figures) {
+                                op: () async throws -> UInt64, echo: () async throws -> Void)
+        async throws -> (library: Paired, c: CBaseline.Figures, cLoop: CBaseline.Figures) {
         var library = Paired(op: latencyHistogram(), echo: latencyHistogram(), count: 0)
         try await withTaskExecutorPreference(connection.taskExecutor) {
             try await warmUp(op: op, echo: echo)
         }
-        try baseline.run(kind, pairs: latencyWarmup, recorded: false)
-        // Both take turns within the budget each has alone.
-        let deadline = monotonicNanos() + UInt64(2 * latencyBudget * 1e9)
+        let kinds = [kind, "\(kind)-loop"]
+        for kind in kinds { try baseline.run(kind, pairs: latencyWarmup, recorded: false) }
+        // All take turns within the budget each has alone.
+        let deadline = monotonicNanos() + UInt64(Double(1 + kinds.count) * latencyBudget * 1e9)
         while library.count < latencyIterations && monotonicNanos() < deadline {
             let pairs = min(cBlock, latencyIterations - library.count)
             try await withTaskExecutorPreference(connection.taskExecutor) {
                 try await measurePairs(pairs, into: &library, op: op, echo: echo, settle: settleOnThisThread)
             }
             // Off the loop: the C client's block takes a while, and the connection keeps reading.
-            try baseline.run(kind, pairs: pairs, recorded: true)
+            for kind in kinds { try baseline.run(kind, pairs: pairs, recorded: true) }
         }
-        return (library, try baseline.report(kind))
+        return (library, try baseline.report(kinds[0]), try baseline.report(kinds[1]))
     }
 
     static func measurePaired(op: () async throws -> UInt64, echo: () async throws -> Void) async throws -> Paired {

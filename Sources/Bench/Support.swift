@@ -76,17 +76,29 @@ actor EchoClient {
 
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
+    private let ownsLoop: Bool
+
     init(address: String) throws(BusError) {
         let loop = try EventLoop()
         bus = try Bus.connect(address: address, loop: loop, description: "dragbroker-bench-echo")
         loop.start(name: "dragbroker-bench-echo")
         self.loop = loop
+        ownsLoop = true
     }
 
-    /// Stops the loop: the bus may be released only on its loop's thread or once no thread
-    /// runs the loop. Call from outside the loop, once, when done.
+    /// A connection of its own on another's running loop: made on that loop's thread, so that
+    /// an operation and its echo run on one thread, as the C client's do. Keep it until the
+    /// process exits: its bus may be released only on that loop's thread.
+    init(address: String, sharing loop: EventLoop) throws(BusError) {
+        bus = try Bus.connect(address: address, loop: loop, description: "dragbroker-bench-echo-shared")
+        self.loop = loop
+        ownsLoop = false
+    }
+
+    /// Stops the loop it owns: the bus may be released only on its loop's thread or once no
+    /// thread runs the loop. Call from outside the loop, once, when done.
     nonisolated func close() {
-        loop.stop()
+        if ownsLoop { loop.stop() }
     }
 
     func ping(_ destination: String) async throws(BusError) {

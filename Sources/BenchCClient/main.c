@@ -2,12 +2,16 @@
  * plainest client there is, C on sd-bus with blocking calls and no thread of its own. What
  * BrokerClient costs on top of this is the library's own overhead (make bench prints it as
  * client_*_vs_c). It deliberately does not use BusKit: it is the yardstick, not the product.
+ * Each KIND also comes as KIND-loop: the same calls made as an asynchronous C client makes
+ * them, sd_bus_call_method_async on an sd-event loop attached to the bus, waiting in
+ * sd_event_run (and for the first byte, an io source on the pipe), as BrokerClient does.
  *
  * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY
  * It presents TOKEN, prints "READY", then answers each command on stdin with one line. KIND is
  *   update     Enter(copy) on first use, then Update(copy) round trips
  *   firstbyte  Load(0, SMALL-TYPE) to the first byte read, each read to its end
  *   handover   Load(0, FILE-TYPE) to the descriptor in hand
+ *   update-loop, firstbyte-loop, handover-loop  the same on the event loop
  * and the commands are
  *   warmup KIND N   N operations, each followed by an echo, not recorded  -> "OK warmup KIND"
  *   block KIND N    N recorded pairs (at most CAPACITY in all per KIND)    -> "OK block KIND"
@@ -25,10 +29,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
 
 static const char *BROKER = "org.dragbroker.Broker1";
 static const char *MANAGER_PATH = "/org/dragbroker/Broker1";
@@ -36,6 +42,7 @@ static const char *MANAGER = "org.dragbroker.Broker1.Manager";
 static const char *SESSION = "org.dragbroker.Broker1.Session";
 
 static sd_bus *bus;
+static sd_event *event;
 static char *session_path;
 static const char *echo_peer, *small_type, *file_type;
 static long capacity;
@@ -148,13 +155,107 @@ static uint64_t op_first_byte(void) {
     return first;
 }
 
-static uint64_t op_handover(void) {
+/* Load(0, FILE-TYPE) through `load_file` to the descriptor in hand. */
+static uint64_t timed_handover(int (*load_file)(const char *)) {
     uint64_t start = now_ns();
-    int fd = load(file_type);
+    int fd = load_file(file_type);
     uint64_t elapsed = now_ns() - start;
     close(fd);
     return elapsed;
 }
+
+static uint64_t op_handover(void) { return timed_handover(load); }
+
+/* One asynchronous call's outcome, filled in by its reply callback on the loop. */
+struct pending {
+    sd_bus_message *reply;
+    uint64_t answered;
+    int done;
+};
+
+static int on_reply(sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+    (void)error;
+    struct pending *pending = userdata;
+    pending->answered = now_ns();
+    pending->reply = sd_bus_message_ref(reply);
+    pending->done = 1;
+    return 0;
+}
+
+/* Runs the loop until the call's reply arrived; dies on an error reply. */
+static sd_bus_message *await_reply(struct pending *pending, const char *what) {
+    while (!pending->done) {
+        int r = sd_event_run(event, UINT64_MAX);
+        if (r < 0) die("sd_event_run", r);
+    }
+    const sd_bus_error *error = sd_bus_message_get_error(pending->reply);
+    if (error) die_call(what, error, -EIO);
+    return pending->reply;
+}
+
+static uint64_t op_update_loop(void) {
+    uint64_t start = now_ns();
+    struct pending pending = {0};
+    int r = sd_bus_call_method_async(bus, NULL, BROKER, session_path, SESSION, "Update", on_reply, &pending, "s", "copy");
+    if (r < 0) die("Update", r);
+    sd_bus_message *reply = await_reply(&pending, "Update");
+    const char *allowed;
+    if ((r = sd_bus_message_read(reply, "s", &allowed)) < 0) die("reading the proposal's answer", r);
+    int copy = strcmp(allowed, "copy") == 0;
+    sd_bus_message_unref(reply);
+    uint64_t elapsed = now_ns() - start;
+    if (!copy) die("Update was not answered copy", EPROTO);
+    return elapsed;
+}
+
+/* Load(0, type) on the loop: the destination's descriptor, owned by the caller. */
+static int load_loop(const char *type) {
+    struct pending pending = {0};
+    int r = sd_bus_call_method_async(bus, NULL, BROKER, session_path, SESSION, "Load", on_reply, &pending, "us", (uint32_t)0, type);
+    if (r < 0) die("Load", r);
+    sd_bus_message *reply = await_reply(&pending, "Load");
+    int fd;
+    uint32_t id;
+    const char *kind;
+    if ((r = sd_bus_message_read(reply, "hus", &fd, &id, &kind)) < 0) die("reading Load's reply", r);
+    fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) die("F_DUPFD_CLOEXEC", errno);
+    sd_bus_message_unref(reply);
+    return fd;
+}
+
+static int on_readable(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+    (void)source;
+    (void)revents;
+    uint64_t *first = userdata;
+    ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n > 0) *first = now_ns();
+    else if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    else die("the load delivered no byte", n < 0 ? errno : EPROTO);
+    return 0;
+}
+
+static uint64_t op_first_byte_loop(void) {
+    uint64_t start = now_ns(), first = 0;
+    int fd = load_loop(small_type);
+    sd_event_source *source = NULL;
+    int r = sd_event_add_io(event, &source, fd, EPOLLIN, on_readable, &first);
+    if (r < 0) die("sd_event_add_io", r);
+    while (first == 0) {
+        if ((r = sd_event_run(event, UINT64_MAX)) < 0) die("sd_event_run", r);
+    }
+    sd_event_source_disable_unref(source);
+    for (;;) {
+        ssize_t n = read(fd, buffer, sizeof buffer);
+        if (n > 0 || (n < 0 && errno == EINTR)) continue;
+        if (n == 0) break;
+        die("reading the load", errno);
+    }
+    close(fd);
+    return first - start;
+}
+
+static uint64_t op_handover_loop(void) { return timed_handover(load_loop); }
 
 static int compare(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -180,6 +281,9 @@ static struct record records[] = {
     {"update", op_update, NULL, NULL, 0},
     {"firstbyte", op_first_byte, NULL, NULL, 0},
     {"handover", op_handover, NULL, NULL, 0},
+    {"update-loop", op_update_loop, NULL, NULL, 0},
+    {"firstbyte-loop", op_first_byte_loop, NULL, NULL, 0},
+    {"handover-loop", op_handover_loop, NULL, NULL, 0},
 };
 
 static struct record *record_named(const char *name) {
@@ -241,6 +345,8 @@ int main(int argc, char **argv) {
     if ((r = sd_bus_set_address(bus, argv[1])) < 0) die("sd_bus_set_address", r);
     if ((r = sd_bus_set_bus_client(bus, 1)) < 0) die("sd_bus_set_bus_client", r);
     if ((r = sd_bus_start(bus)) < 0) die("sd_bus_start", r);
+    if ((r = sd_event_new(&event)) < 0) die("sd_event_new", r);
+    if ((r = sd_bus_attach_event(bus, event, SD_EVENT_PRIORITY_NORMAL)) < 0) die("sd_bus_attach_event", r);
 
     sd_bus_error error = SD_BUS_ERROR_NULL;
     sd_bus_message *reply = NULL;
@@ -260,11 +366,11 @@ int main(int argc, char **argv) {
         int words = sscanf(line, "%15s %15s %ld", command, kind, &count);
         struct record *record = words >= 2 ? record_named(kind) : NULL;
         if (words == 3 && record && count >= 0 && strcmp(command, "warmup") == 0) {
-            if (record->op == op_update) enter_once();
+            if (record->op == op_update || record->op == op_update_loop) enter_once();
             warm(record, count);
             printf("OK warmup %s\n", kind);
         } else if (words == 3 && record && count >= 0 && strcmp(command, "block") == 0) {
-            if (record->op == op_update) enter_once();
+            if (record->op == op_update || record->op == op_update_loop) enter_once();
             block(record, count);
             printf("OK block %s\n", kind);
         } else if (words == 2 && record && strcmp(command, "report") == 0) {
@@ -289,5 +395,6 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     sd_bus_flush_close_unref(bus);
+    sd_event_unref(event);
     return 0;
 }
