@@ -249,7 +249,11 @@ final class DragctlTests: XCTestCase {
         ])
 
         // JSON: every field of the record, dates as ISO 8601, keys sorted; absent fields (the rule) left out.
-        let at = records.map { ISO8601DateFormatter().string(from: $0.at) }
+        // As JSONEncoder writes them, which cuts the fraction off: ISO8601DateFormatter rounds
+        // it to milliseconds first, so a record made at hh:mm:ss.9996 would read one second later.
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        let at = try records.map { String(decoding: try encoder.encode($0.at), as: UTF8.self).trimmingCharacters(in: ["\""]) }
         let escapedApp = app.replacingOccurrences(of: "/", with: #"\/"#)
         let pid = destination.reportedPID, uid = getuid()
         func short(_ id: Int, _ at: String, _ type: String, _ error: String, _ message: String) -> String {
