@@ -286,7 +286,7 @@ enum Orchestrator {
                 return elapsed
             }
         }
-        let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: pingOnConnectionLoop)
+        let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
         // (b') The same memfd registered as it is: no handler, answered on the source's loop.
         let handoverHeld = try await measurePaired(op: handoverOp(BenchTypes.fileHeld), echo: ping)
         progress("(h) file handover on the connection's executor, and from the C client")
