@@ -101,22 +101,27 @@ static const char *propose(const char *member) {
     return answer;
 }
 
-/* Load(0, type): the destination's descriptor, owned by the caller. */
-static int load(const char *type) {
-    sd_bus_error error = SD_BUS_ERROR_NULL;
-    sd_bus_message *reply = NULL;
+/* The descriptor of Load's reply, owned by the caller; releases the reply. */
+static int take_descriptor(sd_bus_message *reply) {
     int fd;
     uint32_t id;
     const char *kind;
-    int r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "Load", &error, &reply, "us", (uint32_t)0, type);
-    if (r < 0) die_call("Load", &error, r);
-    r = sd_bus_message_read(reply, "hus", &fd, &id, &kind);
+    int r = sd_bus_message_read(reply, "hus", &fd, &id, &kind);
     if (r < 0) die("reading Load's reply", r);
     /* The descriptor belongs to the message. */
     fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (fd < 0) die("F_DUPFD_CLOEXEC", errno);
     sd_bus_message_unref(reply);
     return fd;
+}
+
+/* Load(0, type): the destination's descriptor, owned by the caller. */
+static int load(const char *type) {
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    int r = sd_bus_call_method(bus, BROKER, session_path, SESSION, "Load", &error, &reply, "us", (uint32_t)0, type);
+    if (r < 0) die_call("Load", &error, r);
+    return take_descriptor(reply);
 }
 
 /* Enter(copy), the first time only: Update and PerformDrop both follow it. */
@@ -169,14 +174,12 @@ static uint64_t op_handover(void) { return timed_handover(load); }
 /* One asynchronous call's outcome, filled in by its reply callback on the loop. */
 struct pending {
     sd_bus_message *reply;
-    uint64_t answered;
     int done;
 };
 
 static int on_reply(sd_bus_message *reply, void *userdata, sd_bus_error *error) {
     (void)error;
     struct pending *pending = userdata;
-    pending->answered = now_ns();
     pending->reply = sd_bus_message_ref(reply);
     pending->done = 1;
     return 0;
@@ -213,15 +216,7 @@ static int load_loop(const char *type) {
     struct pending pending = {0};
     int r = sd_bus_call_method_async(bus, NULL, BROKER, session_path, SESSION, "Load", on_reply, &pending, "us", (uint32_t)0, type);
     if (r < 0) die("Load", r);
-    sd_bus_message *reply = await_reply(&pending, "Load");
-    int fd;
-    uint32_t id;
-    const char *kind;
-    if ((r = sd_bus_message_read(reply, "hus", &fd, &id, &kind)) < 0) die("reading Load's reply", r);
-    fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    if (fd < 0) die("F_DUPFD_CLOEXEC", errno);
-    sd_bus_message_unref(reply);
-    return fd;
+    return take_descriptor(await_reply(&pending, "Load"));
 }
 
 static int on_readable(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
