@@ -114,19 +114,16 @@ public final class Bus: @unchecked Sendable {
     }
 
     private func reply(to message: Message, timeout: UInt64, isolation: isolated (any Actor)?) async -> Result<Message, BusError> {
-        await withCheckedContinuation(isolation: isolation) { continuation in
-            let box = Unmanaged.passRetained(ReplyBox(loop: loop) { result in
-                // Made on the loop, resumed in the caller's isolation, which is on the loop too
-                // (checked above): the reply never leaves the loop's thread.
-                nonisolated(unsafe) let result = result
-                continuation.resume(returning: result)
-            })
+        // One allocation per call: the pending reply holds the continuation itself, and sd-bus
+        // holds the pending reply until it calls back exactly once.
+        await withUnsafeContinuation(isolation: isolation) { continuation in
+            let pending = Unmanaged.passRetained(PendingReply(loop: loop, continuation))
             let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
-                Unmanaged<ReplyBox>.fromOpaque(userdata!).takeRetainedValue().deliver(reply!)
+                Unmanaged<PendingReply>.fromOpaque(userdata!).takeRetainedValue().resume(with: reply!)
                 return 0
-            }, box.toOpaque(), timeout)
+            }, pending.toOpaque(), timeout)
             if r < 0 {
-                box.takeRetainedValue().completion(.failure(.system(r, "sd_bus_call_async")))
+                pending.takeRetainedValue().continuation.resume(returning: .failure(.system(r, "sd_bus_call_async")))
             }
         }
     }
@@ -325,6 +322,23 @@ private final class ReplyBox {
     func deliver(_ reply: OpaquePointer) {
         let message = Message(borrowing: reply, loop: loop)
         if let error = message.error { completion(.failure(error)) } else { completion(.success(message)) }
+    }
+}
+
+/// A call awaited by `Bus.call`: the reply is wrapped on the loop and resumed in the caller's
+/// isolation, which is on the loop too (checked there), so it never leaves the loop's thread.
+private final class PendingReply {
+    let loop: EventLoop
+    let continuation: UnsafeContinuation<Result<Message, BusError>, Never>
+    init(loop: EventLoop, _ continuation: UnsafeContinuation<Result<Message, BusError>, Never>) {
+        self.loop = loop
+        self.continuation = continuation
+    }
+
+    func resume(with reply: OpaquePointer) {
+        let message = Message(borrowing: reply, loop: loop)
+        nonisolated(unsafe) let result: Result<Message, BusError> = if let error = message.error { .failure(error) } else { .success(message) }
+        continuation.resume(returning: result)
     }
 }
 
