@@ -157,13 +157,17 @@ final class Desktop {
         }
     }
 
-    /// A drag whose pointer comes into the target and is released there within 50 ms: it
-    /// stops just left of the target's window, then one motion in, 20 ms, and the release.
-    func quickDrag(from: ScreenPoint, to: ScreenPoint) throws {
+    /// A drag whose pointer comes into the target and is released there at once: it stops
+    /// just left of the target's window, then one motion in, and the release 20 ms after
+    /// `entered` says the target took the drag in. Without that wait a loaded machine lets the
+    /// release reach the compositor before the target has handled the enter at all, which for
+    /// any toolkit is no drop: the compositor cancels the drag, and the source its session.
+    func quickDrag(from: ScreenPoint, to: ScreenPoint, entered: () -> Bool = { true }) throws {
         let outside = ScreenPoint(x: to.x - 115, y: to.y)
         try press(at: from)
         try move(to: outside)
         try move(to: to, steps: 1)
+        _ = entered()
         usleep(20_000)
         try release()
     }

@@ -110,7 +110,8 @@ final class QtDragTests: XCTestCase {
         let shot = "\(sourceKit.rawValue)-to-\(targetKit.rawValue)"
 
         for (number, quick) in [(1, false), (2, true)] {
-            try quick ? desktop.quickDrag(from: .source, to: .target) : desktop.drag(from: .source, to: .target)
+            try quick ? desktop.quickDrag(from: .source, to: .target, entered: { targetLines.waitFor("PRESENTED \(Self.session(number))") })
+                : desktop.drag(from: .source, to: .target)
             XCTAssert(sourceLines.waitFor("TRANSFER-FINISHED"), "\(source.stdout.text)\n\(desktop.screenshot(named: shot))")
             XCTAssert(targetLines.waitFor("CONCLUDED"), target.stdout.text)
             XCTAssertEqual(targetLines.next(), Self.dropped(session: number, as: "text/plain", bytes: bytes, digest: digest),
@@ -161,7 +162,8 @@ final class QtDragTests: XCTestCase {
         let target = try Toolkit.qt.target(accepting: ["image/png"], on: desktop, bus: world.bus)
         let sourceLines = Transcript(source, ["source:"]), targetLines = Transcript(target, Self.targetWords)
         for (number, quick) in [(1, false), (2, true)] {
-            try quick ? desktop.quickDrag(from: .source, to: .target) : desktop.drag(from: .source, to: .target)
+            try quick ? desktop.quickDrag(from: .source, to: .target, entered: { targetLines.waitFor("PRESENTED \(Self.session(number))") })
+                : desktop.drag(from: .source, to: .target)
             XCTAssert(targetLines.waitFor("CONCLUDED"), "\(target.stdout.text)\n\(desktop.screenshot(named: "swift-to-qt"))")
             XCTAssertEqual(targetLines.next(), Self.dropped(session: number, as: "image/png", bytes: DesktopInteropTests.demoPNG.bytes,
                                                             digest: DesktopInteropTests.demoPNG.sha256), quick ? "quick release" : "drag")
