@@ -142,13 +142,13 @@ static uint64_t op_update(void) {
 
 static char buffer[1 << 20];
 
-static uint64_t op_first_byte(void) {
-    uint64_t start = now_ns(), first = 0;
-    int fd = load(small_type);
+/* Reads the load to its end and closes it; `*first` gets the time of its first byte if it
+   has none yet. */
+static void read_to_end(int fd, uint64_t *first) {
     for (;;) {
         ssize_t n = read(fd, buffer, sizeof buffer);
         if (n > 0) {
-            if (first == 0) first = now_ns() - start;
+            if (*first == 0) *first = now_ns();
             continue;
         }
         if (n == 0) break;
@@ -156,8 +156,13 @@ static uint64_t op_first_byte(void) {
         die("reading the load", errno);
     }
     close(fd);
-    if (first == 0) die("the load delivered no byte", EPROTO);
-    return first;
+    if (*first == 0) die("the load delivered no byte", EPROTO);
+}
+
+static uint64_t op_first_byte(void) {
+    uint64_t start = now_ns(), first = 0;
+    read_to_end(load(small_type), &first);
+    return first - start;
 }
 
 /* Load(0, FILE-TYPE) through `load_file` to the descriptor in hand. */
@@ -240,13 +245,7 @@ static uint64_t op_first_byte_loop(void) {
         if ((r = sd_event_run(event, UINT64_MAX)) < 0) die("sd_event_run", r);
     }
     sd_event_source_disable_unref(source);
-    for (;;) {
-        ssize_t n = read(fd, buffer, sizeof buffer);
-        if (n > 0 || (n < 0 && errno == EINTR)) continue;
-        if (n == 0) break;
-        die("reading the load", errno);
-    }
-    close(fd);
+    read_to_end(fd, &first);
     return first - start;
 }
 

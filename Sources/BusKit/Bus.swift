@@ -318,11 +318,16 @@ private final class ReplyBox {
         self.completion = completion
     }
 
-    /// Wraps the reply sd-bus lends, an error reply as its error.
     func deliver(_ reply: OpaquePointer) {
-        let message = Message(borrowing: reply, loop: loop)
-        if let error = message.error { completion(.failure(error)) } else { completion(.success(message)) }
+        completion(methodResult(borrowing: reply, loop: loop))
     }
+}
+
+/// Wraps the reply sd-bus lends to a reply callback, an error reply as its error.
+private func methodResult(borrowing reply: OpaquePointer, loop: EventLoop) -> Result<Message, BusError> {
+    let message = Message(borrowing: reply, loop: loop)
+    if let error = message.error { return .failure(error) }
+    return .success(message)
 }
 
 /// A call awaited by `Bus.call`: the reply is wrapped on the loop and resumed in the caller's
@@ -336,8 +341,7 @@ private final class PendingReply {
     }
 
     func resume(with reply: OpaquePointer) {
-        let message = Message(borrowing: reply, loop: loop)
-        nonisolated(unsafe) let result: Result<Message, BusError> = if let error = message.error { .failure(error) } else { .success(message) }
+        nonisolated(unsafe) let result = methodResult(borrowing: reply, loop: loop)
         continuation.resume(returning: result)
     }
 }

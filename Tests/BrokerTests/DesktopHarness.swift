@@ -167,7 +167,7 @@ final class Desktop {
         try press(at: from)
         try move(to: outside)
         try move(to: to, steps: 1)
-        _ = entered()
+        guard entered() else { throw HarnessError("the target never took the quick drag in") }
         usleep(20_000)
         try release()
     }
