@@ -12,6 +12,10 @@ final class CBaseline {
         let p99: Double
         let echoP50: Double
         let echoP99: Double
+        /// The calling thread's CPU time per pair (operation and echo), in microseconds.
+        let cpuPerPair: Double
+        /// How often per pair the kernel took the CPU from the calling thread while it could run.
+        let switchesPerPair: Double
 
         var line: String {
             "  n=\(count): p50 \(format(p50)) µs, p99 \(format(p99)) µs; echo p50 \(format(echoP50)) µs, p99 \(format(echoP99)) µs; "
@@ -59,9 +63,10 @@ final class CBaseline {
             throw BenchError("the C client did not report \(kind): \(child.stdout.tail(3))\n\(child.diagnostics())")
         }
         let numbers = line.dropFirst(ok.count).split(separator: " ").compactMap { Double($0) }
-        guard numbers.count == 5 else { throw BenchError("unexpected line from the C client: \(line)") }
+        guard numbers.count == 7, numbers[0] > 0 else { throw BenchError("unexpected line from the C client: \(line)") }
         return Figures(count: Int(numbers[0]), p50: numbers[1] / 1000, p99: numbers[2] / 1000,
-                       echoP50: numbers[3] / 1000, echoP99: numbers[4] / 1000)
+                       echoP50: numbers[3] / 1000, echoP99: numbers[4] / 1000,
+                       cpuPerPair: numbers[5] / numbers[0], switchesPerPair: numbers[6] / numbers[0])
     }
 
     func drop() throws {

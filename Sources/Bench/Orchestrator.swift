@@ -463,7 +463,9 @@ enum Orchestrator {
                      "    arbitrary task, two thread hops per call, as in (b)-(d) (client_*_from_task_vs_c). The C client also makes",
                      "    each call as an asynchronous C client does, sd_bus_call_method_async on an sd-event loop attached to its",
                      "    bus, waiting in sd_event_run (the first byte through an io source on the pipe), in blocks of its own",
-                     "    taking the same turns (client_*_vs_c_loop = BrokerClient on its executor p50 / that p50)",
+                     "    taking the same turns (client_*_vs_c_loop = BrokerClient on its executor p50 / that p50). Over those",
+                     "    blocks, the calling thread's CPU time (getrusage RUSAGE_THREAD, user and system) and involuntary",
+                     "    context switches per pair of operation and echo (client_*_cpu_vs_c_loop = BrokerClient's CPU / C's on its loop)",
                      "  echo timed on the loop's thread (no hop to or from the caller's task) against the echo from a task:",
                      pairLine(echoOnLoop)]
         var keys: [String] = []
@@ -472,12 +474,17 @@ enum Orchestrator {
             lines.append("  \(name), C:\(figures.c.line)")
             lines.append("    C on its sd-event loop:\(figures.cLoop.line)")
             lines.append("    on the connection's executor:\(pairLine(figures.onLoop))")
+            lines.append("    the calling thread per pair: CPU \(format(figures.onLoop.cpuPerPair)) µs, C \(format(figures.c.cpuPerPair)) µs, "
+                         + "C on its loop \(format(figures.cLoop.cpuPerPair)) µs; taken off the CPU while runnable "
+                         + "\(format(figures.onLoop.switchesPerPair, 2)) times, C \(format(figures.c.switchesPerPair, 2)), "
+                         + "C on its loop \(format(figures.cLoop.switchesPerPair, 2))")
             lines.append("    BrokerClient/C p50: on the connection's executor \(format(CBaseline.ratio(figures.onLoop, figures.c), 2)), "
                          + "from a task \(format(CBaseline.ratio(figures.fromTask, figures.c), 2)); "
                          + "C on its loop / blocking C \(format(figures.cLoop.p50 / figures.c.p50, 2))")
             keys.append("client_\(key)_vs_c=\(format(CBaseline.ratio(figures.onLoop, figures.c), 2))")
             keys.append("client_\(key)_from_task_vs_c=\(format(CBaseline.ratio(figures.fromTask, figures.c), 2))")
             keys.append("client_\(key)_vs_c_loop=\(format(CBaseline.ratio(figures.onLoop, figures.cLoop), 2))")
+            keys.append("client_\(key)_cpu_vs_c_loop=\(format(figures.onLoop.cpuPerPair / figures.cLoop.cpuPerPair, 2))")
         }
         return (lines, keys)
     }
@@ -508,6 +515,13 @@ enum Orchestrator {
         var op: Histogram<UInt64>
         var echo: Histogram<UInt64>
         var count: Int
+        /// The measuring thread's CPU time and involuntary context switches over the pairs,
+        /// where counted (`measureAgainstC`, whose pairs all run on one thread).
+        var cpuMicroseconds: UInt64 = 0
+        var involuntarySwitches = 0
+
+        var cpuPerPair: Double { Double(cpuMicroseconds) / Double(max(count, 1)) }
+        var switchesPerPair: Double { Double(involuntarySwitches) / Double(max(count, 1)) }
     }
 
     /// Alternates one operation and one echo, so both see the same machine; the first
@@ -554,7 +568,15 @@ enum Orchestrator {
         while library.count < latencyIterations && monotonicNanos() < deadline {
             let pairs = min(cBlock, latencyIterations - library.count)
             try await withTaskExecutorPreference(connection.taskExecutor) {
+                // The whole block runs on the loop's thread, so the thread's usage is the block's.
+                guard (connection.taskExecutor as? EventLoop)?.isCurrent == true else {
+                    throw BenchError("the block does not run on the connection's loop")
+                }
+                let before = Kernel.currentThreadUsage()
                 try await measurePairs(pairs, into: &library, op: op, echo: echo, settle: settleOnThisThread)
+                let after = Kernel.currentThreadUsage()
+                library.cpuMicroseconds += after.cpuMicroseconds - before.cpuMicroseconds
+                library.involuntarySwitches += after.involuntarySwitches - before.involuntarySwitches
             }
             // Off the loop: the C client's block takes a while, and the connection keeps reading.
             for kind in kinds { try baseline.run(kind, pairs: pairs, recorded: true) }

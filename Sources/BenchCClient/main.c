@@ -15,19 +15,23 @@
  * and the commands are
  *   warmup KIND N   N operations, each followed by an echo, not recorded  -> "OK warmup KIND"
  *   block KIND N    N recorded pairs (at most CAPACITY in all per KIND)    -> "OK block KIND"
- *   report KIND     the pairs recorded so far, which it then forgets      -> "OK KIND N P50 P99 ECHO-P50 ECHO-P99"
+ *   report KIND     the pairs recorded so far, which it then forgets
+ *                   -> "OK KIND N P50 P99 ECHO-P50 ECHO-P99 CPU-US SWITCHES"
  *   drop            Enter(copy) unless done already, then PerformDrop     -> "OK drop"
  *   quit            Conclude, then exit
  * Blocks let the Swift side alternate with its own measurement of the same kind, so that both
  * see the same machine. Times are nanoseconds. A recorded pair is a 1 ms pause, the operation,
  * a 1 ms pause and an echo (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side
- * measures. Failures print "ERR <what>" and exit 1. */
+ * measures. CPU-US is the CPU time this thread used over all the recorded blocks (user and
+ * system, microseconds), SWITCHES how often the kernel took the CPU from it while it could
+ * still run (involuntary context switches). Failures print "ERR <what>" and exit 1. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <time.h>
@@ -269,15 +273,17 @@ struct record {
     uint64_t (*op)(void);
     uint64_t *ops, *echoes;
     long count;
+    uint64_t cpu_us;
+    long switches;
 };
 
 static struct record records[] = {
-    {"update", op_update, NULL, NULL, 0},
-    {"firstbyte", op_first_byte, NULL, NULL, 0},
-    {"handover", op_handover, NULL, NULL, 0},
-    {"update-loop", op_update_loop, NULL, NULL, 0},
-    {"firstbyte-loop", op_first_byte_loop, NULL, NULL, 0},
-    {"handover-loop", op_handover_loop, NULL, NULL, 0},
+    {"update", op_update, NULL, NULL, 0, 0, 0},
+    {"firstbyte", op_first_byte, NULL, NULL, 0, 0, 0},
+    {"handover", op_handover, NULL, NULL, 0, 0, 0},
+    {"update-loop", op_update_loop, NULL, NULL, 0, 0, 0},
+    {"firstbyte-loop", op_first_byte_loop, NULL, NULL, 0, 0, 0},
+    {"handover-loop", op_handover_loop, NULL, NULL, 0, 0, 0},
 };
 
 static struct record *record_named(const char *name) {
@@ -293,9 +299,18 @@ static void warm(struct record *record, long count) {
     }
 }
 
+static struct rusage thread_usage(void) {
+    struct rusage usage;
+    if (getrusage(RUSAGE_THREAD, &usage) < 0) die("getrusage", errno);
+    return usage;
+}
+
+static uint64_t micros(struct timeval t) { return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_usec; }
+
 /* Alternates op and echo as the Swift side's measurePaired does. */
 static void block(struct record *record, long count) {
     if (count > capacity - record->count) die("more pairs than CAPACITY", EOVERFLOW);
+    struct rusage before = thread_usage();
     for (long i = 0; i < count; i++) {
         settle();
         record->ops[record->count] = record->op();
@@ -305,6 +320,9 @@ static void block(struct record *record, long count) {
         record->echoes[record->count] = now_ns() - start;
         record->count++;
     }
+    struct rusage after = thread_usage();
+    record->cpu_us += micros(after.ru_utime) + micros(after.ru_stime) - micros(before.ru_utime) - micros(before.ru_stime);
+    record->switches += after.ru_nivcsw - before.ru_nivcsw;
 }
 
 static void report(struct record *record) {
@@ -312,10 +330,12 @@ static void report(struct record *record) {
     if (count == 0) die("nothing recorded to report", ENODATA);
     qsort(record->ops, (size_t)count, sizeof *record->ops, compare);
     qsort(record->echoes, (size_t)count, sizeof *record->echoes, compare);
-    printf("OK %s %ld %llu %llu %llu %llu\n", record->name, count, (unsigned long long)percentile(record->ops, count, 50),
+    printf("OK %s %ld %llu %llu %llu %llu %llu %ld\n", record->name, count, (unsigned long long)percentile(record->ops, count, 50),
            (unsigned long long)percentile(record->ops, count, 99), (unsigned long long)percentile(record->echoes, count, 50),
-           (unsigned long long)percentile(record->echoes, count, 99));
+           (unsigned long long)percentile(record->echoes, count, 99), (unsigned long long)record->cpu_us, record->switches);
     record->count = 0;
+    record->cpu_us = 0;
+    record->switches = 0;
 }
 
 int main(int argc, char **argv) {

@@ -69,8 +69,17 @@ public final class Bus: @unchecked Sendable {
 
     public func newMethodCall(destination: String, path: String, interface: String, member: String) throws(BusError) -> Message {
         var m: OpaquePointer?
-        try check(sd_bus_message_new_method_call(handle, &m, destination, path, interface, member),
-                  "new method call \(interface).\(member)")
+        // withCString lends each native string's own storage; passing the strings as pointers
+        // directly would copy each into a new array, four allocations on every call.
+        let handle = handle
+        let r = destination.withCString { destination in
+            path.withCString { path in
+                interface.withCString { interface in
+                    member.withCString { member in sd_bus_message_new_method_call(handle, &m, destination, path, interface, member) }
+                }
+            }
+        }
+        try check(r, "new method call \(interface).\(member)")
         return Message(consuming: m!, loop: loop)
     }
 
@@ -106,10 +115,15 @@ public final class Bus: @unchecked Sendable {
         precondition(loop.isCurrent, "Bus.call awaited off its event loop: call it from an actor whose executor is the loop")
         // The reply resumes the caller's task through the runtime's generic executor, which by
         // default is the concurrency pool: a thread woken only to hand the task back to the
-        // loop. With the loop preferred as the task's executor meanwhile, it resumes here.
-        let result: Result<Message, BusError> = await withTaskExecutorPreference(loop, isolation: isolation) {
-            await reply(to: message, timeout: timeout, isolation: isolation)
-        }
+        // loop. With the loop preferred as the task's executor meanwhile, it resumes here. A
+        // task that prefers the loop already (a caller inside withTaskExecutorPreference)
+        // needs no second preference record pushed and popped around every call.
+        let preferred = withUnsafeCurrentTask { $0?.unownedTaskExecutor } == loop.asUnownedTaskExecutor()
+        let result: Result<Message, BusError> = preferred
+            ? await reply(to: message, timeout: timeout, isolation: isolation)
+            : await withTaskExecutorPreference(loop, isolation: isolation) {
+                await reply(to: message, timeout: timeout, isolation: isolation)
+            }
         return try result.get()
     }
 
@@ -150,10 +164,17 @@ public final class Bus: @unchecked Sendable {
     public func emitSignal(path: String, interface: String, member: String, destination: String? = nil,
                            _ build: (Message) throws(BusError) -> Void = { _ in }) throws(BusError) {
         var m: OpaquePointer?
-        try check(sd_bus_message_new_signal(handle, &m, path, interface, member), "new signal \(interface).\(member)")
+        let handle = handle
+        let r = path.withCString { path in
+            interface.withCString { interface in
+                member.withCString { member in sd_bus_message_new_signal(handle, &m, path, interface, member) }
+            }
+        }
+        try check(r, "new signal \(interface).\(member)")
         let message = Message(consuming: m!, loop: loop)
         if let destination {
-            try check(sd_bus_message_set_destination(message.handle, destination), "set signal destination")
+            let m = message.handle
+            try check(destination.withCString { sd_bus_message_set_destination(m, $0) }, "set signal destination")
         }
         try build(message)
         try send(message)

@@ -25,6 +25,10 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     /// eventfd. Loop thread only.
     private var ownWorkPending = false
     private let queue = Mutex<[Work]>([])
+    /// The batch `drain` runs, swapped with the queue's array: each keeps its capacity, so a
+    /// drain allocates nothing (copying the queue out would allocate its replacement). Loop
+    /// thread only.
+    private var batch: [Work] = []
     /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
     /// loop-bound state, hence an atomic rather than a lock.
     private let loopThread = Atomic<UInt>(0)
@@ -239,11 +243,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         isDraining = true
         defer { isDraining = false }
         while true {
-            let batch = queue.withLock { queue in
-                let batch = queue
-                queue.removeAll(keepingCapacity: true)
-                return batch
-            }
+            queue.withLock { swap(&$0, &batch) }
             if batch.isEmpty { return }
             for work in batch {
                 switch work {
@@ -251,6 +251,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
                 case .closure(let body): body()
                 }
             }
+            batch.removeAll(keepingCapacity: true)
         }
     }
 }

@@ -447,6 +447,17 @@ public enum Kernel {
         _ = linux_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
     }
 
+    /// getrusage(RUSAGE_THREAD): the CPU time the calling thread used so far (user and system,
+    /// in microseconds) and how often the kernel took the CPU from it while it could still run
+    /// (involuntary context switches).
+    public static func currentThreadUsage() -> (cpuMicroseconds: UInt64, involuntarySwitches: Int) {
+        var usage = rusage()
+        // RUSAGE_THREAD, which Glibc's Swift overlay does not name.
+        getrusage(__rusage_who_t(1), &usage)
+        func micros(_ t: timeval) -> UInt64 { UInt64(t.tv_sec) * 1_000_000 + UInt64(t.tv_usec) }
+        return (micros(usage.ru_utime) + micros(usage.ru_stime), usage.ru_nivcsw)
+    }
+
     /// The calling thread's kernel ID: its entry under /proc/self/task.
     public static func currentThreadID() -> pid_t {
         pid_t(linux_gettid())
