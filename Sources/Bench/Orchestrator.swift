@@ -162,9 +162,9 @@ enum Orchestrator {
         // (h)'s echo: a connection of its own on the destination connection's loop, so that
         // BrokerClient's operation and its echo run on one thread, as the C client's do on its
         // one thread, and no second thread of this process wakes between them.
-        guard let connectionLoop = connection.taskExecutor as? EventLoop else { throw BenchError("the connection's executor is not its loop") }
+        guard let connectionLoop = connection.taskExecutor as? LoopTaskExecutor else { throw BenchError("the connection's executor is not its loop") }
         let loopEcho = try await withTaskExecutorPreference(connection.taskExecutor) {
-            try EchoClient(address: world.address, sharing: connectionLoop)
+            try EchoClient(address: world.address, sharing: connectionLoop.eventLoop)
         }
         // Never released: its bus may be let go only on that loop's thread.
         _ = Unmanaged.passRetained(loopEcho)
@@ -569,7 +569,7 @@ enum Orchestrator {
             let pairs = min(cBlock, latencyIterations - library.count)
             try await withTaskExecutorPreference(connection.taskExecutor) {
                 // The whole block runs on the loop's thread, so the thread's usage is the block's.
-                guard (connection.taskExecutor as? EventLoop)?.isCurrent == true else {
+                guard (connection.taskExecutor as? LoopTaskExecutor)?.isCurrent == true else {
                     throw BenchError("the block does not run on the connection's loop")
                 }
                 let before = Kernel.currentThreadUsage()

@@ -41,7 +41,7 @@ public actor BrokerConnection {
     /// on the loop and reads its first chunk there; other descriptor reads and writes run off
     /// the loop. Code isolated to an actor (the main actor) runs on that actor's
     /// executor whatever the preference.
-    public nonisolated var taskExecutor: any TaskExecutor { loop }
+    public nonisolated var taskExecutor: any TaskExecutor { loop.taskExecutor }
 
     private init(loop: EventLoop, bus: Bus) {
         self.loop = loop
@@ -113,9 +113,43 @@ public actor BrokerConnection {
                                                    build: (Message) throws(BusError) -> Void = { _ in },
                                                    decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         if let brokerGone { throw brokerGone }
+        return try await Self.send(on: bus, to: brokerName, path: path, member, timeout: timeout, build: build, decode: decode)
+    }
+
+    /// A session's call (`DropSession`, `DragSession`, `PasteboardEntry`). A task already on the
+    /// loop (one that prefers `taskExecutor`) sends it right here, and the reply resumes it
+    /// here: entering the actor and leaving it again would cost two more trips through the
+    /// loop's queue and four executor switches per call, as much CPU as the rest of the
+    /// library's share of a call. From anywhere else the call goes through the actor.
+    nonisolated func sessionCall<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                                                      build: @Sendable (Message) throws(BusError) -> Void = { _ in },
+                                                                      decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        guard loop.isCurrent else { return try await call(path: path, member, timeout: timeout, build: build, decode: decode) }
+        let (destination, gone) = brokerOnLoop()
+        if let gone { throw gone }
+        return try await Self.send(on: bus, to: destination, path: path, member, timeout: timeout, build: build, decode: decode)
+    }
+
+    /// The broker's name, and why it is gone if it is: read on the loop's thread, the actor's
+    /// executor, without entering the actor.
+    private nonisolated func brokerOnLoop() -> (name: String, gone: BrokerError?) {
+        assumeIsolated { ($0.brokerName, $0.brokerGone) }
+    }
+
+    /// A session's call whose reply carries nothing to read.
+    nonisolated func sessionCall<Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                                         build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+        try await sessionCall(path: path, member, timeout: timeout, build: build, decode: { _ throws(BusError) in })
+    }
+
+    /// Builds, sends and decodes one call in the caller's isolation, which runs on the loop.
+    private static func send<T, Member: InterfaceTable>(on bus: Bus, to destination: String, path: String, _ member: Member, timeout: UInt64,
+                                                        build: (Message) throws(BusError) -> Void,
+                                                        decode: (Message) throws(BusError) -> T,
+                                                        isolation: isolated (any Actor)? = #isolation) async throws(BrokerError) -> T {
         let reply: Message
         do {
-            let message = try bus.newMethodCall(destination: brokerName, path: path, interface: Member.interfaceName, member: member.name)
+            let message = try bus.newMethodCall(destination: destination, path: path, interface: Member.interfaceName, member: member.name)
             try build(message)
             // The row is the contract: arguments that drift from it fail every test that makes the call.
             assert(message.signature == member.signature, "\(member.name) built (\(message.signature)), its row says (\(member.signature))")

@@ -68,7 +68,7 @@ enum DescriptorIO {
         if let loop {
             do {
                 // Preferred, the loop runs every step of this, however the caller runs.
-                let head = try await withTaskExecutorPreference(loop) {
+                let head = try await withTaskExecutorPreference(loop.taskExecutor) {
                     try await readHead(of: fd, on: loop, upTo: chunkSize, chunk)
                 }
                 if head.ended {

@@ -48,13 +48,13 @@ public final class DragSession: Sendable {
 
     /// Cancels one load this source is producing; the destination hears `Cancelled`.
     public func cancelLoad(_ load: UInt32) async throws(BrokerError) {
-        try await connection.call(path: path, SessionMember.cancelLoad,
+        try await connection.sessionCall(path: path, SessionMember.cancelLoad,
                                   build: { m throws(BusError) in try m.append(load) })
     }
 
     /// Cancels the drag (released over nothing). Loads in flight stop.
     public func cancel() async throws(BrokerError) {
-        try await connection.call(path: path, SessionMember.cancel)
+        try await connection.sessionCall(path: path, SessionMember.cancel)
     }
 
     /// The windowing system's drag ended: GTK's `drag-end` or `drag-failed`, GTK 4's
@@ -69,7 +69,7 @@ public final class DragSession: Sendable {
             // A drop heard by now wins; the broker's answer to a drop still on its way cannot.
             guard !wasDropped.withLock({ $0 }) else { return }
             // Refused only when the session is already over: nothing left to cancel.
-            try? await connection.call(path: path, SessionMember.cancel)
+            try? await connection.sessionCall(path: path, SessionMember.cancel)
         }
     }
 

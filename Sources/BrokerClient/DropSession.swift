@@ -35,7 +35,7 @@ public final class DropSession: Sendable {
     /// Calls a session method; `decode` reads the reply on the event loop.
     private func call<T: Sendable>(_ member: SessionMember, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in },
                                    decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        try await connection.call(path: path, member, build: build, decode: decode)
+        try await connection.sessionCall(path: path, member, build: build, decode: decode)
     }
 
     /// Pastes a pasteboard entry (one whose token came from the clipboard): the user's explicit
@@ -187,7 +187,7 @@ public final class DropSession: Sendable {
                 try await consume(fd, kind)
             } onCancel: {
                 Task { [connection, path] in
-                    try? await connection.call(path: path, SessionMember.cancelLoad,
+                    try? await connection.sessionCall(path: path, SessionMember.cancelLoad,
                                                build: { m throws(BusError) in try m.append(id) })
                 }
             }

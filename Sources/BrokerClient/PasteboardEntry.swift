@@ -43,12 +43,12 @@ public final class PasteboardEntry: Sendable {
     /// any app may see and that flow rules let reach an unknown app. Offer nothing else in the
     /// clear; pastes of what is offered so are not recorded.
     public func clearOffers() async throws(BrokerError) -> [String] {
-        try await connection.call(path: path, SessionMember.clearOffers, decode: { reply throws(BusError) in try reply.readStrings() })
+        try await connection.sessionCall(path: path, SessionMember.clearOffers, decode: { reply throws(BusError) in try reply.readStrings() })
     }
 
     /// Takes the entry off the pasteboard now; pastes already made go on.
     public func withdraw() async throws(BrokerError) {
-        try await connection.call(path: path, SessionMember.cancel)
+        try await connection.sessionCall(path: path, SessionMember.cancel)
     }
 
     /// The toolkit says this app no longer owns the clipboard: GTK 4's `GdkClipboard::changed`
@@ -59,7 +59,7 @@ public final class PasteboardEntry: Sendable {
     public func ownershipLost() {
         Task { [self] in
             // Refused only when the entry is already gone: nothing left to withdraw.
-            try? await connection.call(path: path, SessionMember.cancel)
+            try? await connection.sessionCall(path: path, SessionMember.cancel)
         }
     }
 

@@ -118,10 +118,10 @@ public final class Bus: @unchecked Sendable {
         // loop. With the loop preferred as the task's executor meanwhile, it resumes here. A
         // task that prefers the loop already (a caller inside withTaskExecutorPreference)
         // needs no second preference record pushed and popped around every call.
-        let preferred = withUnsafeCurrentTask { $0?.unownedTaskExecutor } == loop.asUnownedTaskExecutor()
+        let preferred = withUnsafeCurrentTask { $0?.unownedTaskExecutor } == loop.taskExecutor.asUnownedTaskExecutor()
         let result: Result<Message, BusError> = preferred
             ? await reply(to: message, timeout: timeout, isolation: isolation)
-            : await withTaskExecutorPreference(loop, isolation: isolation) {
+            : await withTaskExecutorPreference(loop.taskExecutor, isolation: isolation) {
                 await reply(to: message, timeout: timeout, isolation: isolation)
             }
         return try result.get()

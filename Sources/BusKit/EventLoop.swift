@@ -13,7 +13,7 @@ import SystemCalls
 /// touched only by the thread running it, or, while no thread runs it (before `start()` or
 /// `run()`, after it returned), by the one thread that sets it up or tears it down. BusKit
 /// checks this with `preconditionCurrentOrIdle` in release builds too.
-public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable {
+public final class EventLoop: SerialExecutor, @unchecked Sendable {
     /// The owned `sd_event*`.
     public let handle: OpaquePointer
     private let wakeFD: FileDescriptor
@@ -29,13 +29,22 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     /// drain allocates nothing (copying the queue out would allocate its replacement). Loop
     /// thread only.
     private var batch: [Work] = []
+    /// How many jobs (an actor's or a task's) the loop has run: each is one trip through the
+    /// queue. Loop thread only.
+    private(set) var jobsRun: UInt64 = 0
     /// The `pthread_t` running the loop, 0 while none does. Read on every checked access to
     /// loop-bound state, hence an atomic rather than a lock.
     private let loopThread = Atomic<UInt>(0)
     private let finished = DispatchSemaphore(value: 0)
 
-    private enum Work {
+    /// The loop as a task executor (see `LoopTaskExecutor`).
+    public let taskExecutor = LoopTaskExecutor()
+
+    fileprivate enum Work {
+        /// An actor's job: runs isolated to the loop.
         case job(UnownedJob)
+        /// A job of a task that prefers the loop: runs nonisolated, on the loop.
+        case taskJob(UnownedJob)
         case closure(@Sendable () -> Void)
     }
 
@@ -60,6 +69,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             sd_event_unref(handle)
             throw BusError.system(r, "sd_event_add_io")
         }
+        taskExecutor.loop = self
     }
 
     deinit {
@@ -214,18 +224,11 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         UnownedSerialExecutor(ordinary: self)
     }
 
-    /// As a task executor, the loop runs a task's nonisolated code and its continuations too:
-    /// a task that prefers it (`Bus.call` does, while it waits) never visits the concurrency
-    /// pool between the loop's own steps.
-    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
-        UnownedTaskExecutor(ordinary: self)
-    }
-
     /// Queues work for the loop. Another thread wakes the loop through the eventfd when the
     /// queue was empty (else a wake-up or a drain is already due); the loop's own thread, which
     /// queues a task's next step each time a reply resumes it, needs no wake-up: a drain under
     /// way takes the work, or else the turn whose callback queued it does, once it returns.
-    private func push(_ work: Work) {
+    fileprivate func push(_ work: Work) {
         let onLoop = isCurrent
         let wasEmpty = queue.withLock { queue in
             queue.append(work)
@@ -247,13 +250,45 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
             if batch.isEmpty { return }
             for work in batch {
                 switch work {
-                case .job(let job): job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+                case .job(let job):
+                    jobsRun &+= 1
+                    job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: taskExecutor.asUnownedTaskExecutor())
+                case .taskJob(let job):
+                    jobsRun &+= 1
+                    job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())
                 case .closure(let body): body()
                 }
             }
             batch.removeAll(keepingCapacity: true)
         }
     }
+}
+
+/// The loop as a task executor: it runs a task's nonisolated code and its continuations too, so
+/// a task that prefers it (`Bus.call` does, while it waits) never visits the concurrency pool
+/// between the loop's own steps. It is apart from the loop's serial executor, though both
+/// queue on the loop, because a job runs differently for each: an actor's isolated to the
+/// loop, a task's nonisolated. Were a task's jobs run isolated too, every nonisolated function
+/// it entered would have to switch off that isolation, a trip through the queue each time.
+public final class LoopTaskExecutor: TaskExecutor, @unchecked Sendable {
+    /// Set once, as the loop is made; the loop owns this executor.
+    fileprivate unowned(unsafe) var loop: EventLoop?
+
+    fileprivate init() {}
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        loop!.push(.taskJob(UnownedJob(job)))
+    }
+
+    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+        UnownedTaskExecutor(ordinary: self)
+    }
+
+    /// The loop whose task executor this is.
+    public var eventLoop: EventLoop { loop! }
+
+    /// Whether the calling thread runs the loop.
+    public var isCurrent: Bool { loop!.isCurrent }
 }
 
 private final class DeferredBox {

@@ -42,7 +42,7 @@ final class PipeReadingTests: XCTestCase {
     private static func read(_ fd: FileDescriptor, on loop: EventLoop, fromLoop: Bool,
                              chunk: @escaping @Sendable (UnsafeRawBufferPointer) throws -> Void) -> Task<UInt64, Error> {
         let chunkSize = chunkSize
-        return Task(executorPreference: fromLoop ? loop : nil) {
+        return Task(executorPreference: fromLoop ? loop.taskExecutor : nil) {
             try await DescriptorIO.readChunks(consuming: fd, pipeOn: loop, chunkSize: chunkSize, chunk)
         }
     }

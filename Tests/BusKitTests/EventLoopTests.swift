@@ -68,6 +68,32 @@ final class EventLoopTests: XCTestCase {
         loop.stop()
     }
 
+    /// A task that prefers the loop runs its nonisolated code there as it is, not isolated to
+    /// the loop: calling one nonisolated async function from another takes no trip through the
+    /// loop's queue. (Run isolated, each such call switched off the isolation and queued again.)
+    func testNonisolatedCallsInATaskThatPrefersTheLoopStayOnItWithoutQueueing() async throws {
+        let loop = try EventLoop()
+        loop.start(name: "test-loop")
+        defer { loop.stop() }
+        let (queued, onLoop) = await withTaskExecutorPreference(loop.taskExecutor) {
+            let before = loop.jobsRun
+            let onLoop = await Self.nonisolatedStep(loop, depth: 3)
+            return (loop.jobsRun - before, onLoop)
+        }
+        XCTAssertEqual(onLoop, [true, true, true, true])
+        XCTAssertEqual(queued, 0, "nested nonisolated calls on the loop's task executor queued \(queued) job(s)")
+        // An actor whose executor is the loop still runs isolated to it.
+        let actor = LoopActor(loop: loop)
+        let isolated = await actor.isIsolated()
+        XCTAssertTrue(isolated)
+    }
+
+    private static func nonisolatedStep(_ loop: EventLoop, depth: Int) async -> [Bool] {
+        let here = loop.isCurrent
+        guard depth > 0 else { return [here] }
+        return await [here] + nonisolatedStep(loop, depth: depth - 1)
+    }
+
     func testRunUntilMakesTheCallerTheLoopThread() throws {
         let loop = try EventLoop()
         var seen: [Bool] = []
@@ -97,5 +123,14 @@ final class EventLoopTests: XCTestCase {
         }
         done.wait()
         XCTAssertEqual(seen.withLock { $0 }, [1, 2, 3])
+    }
+}
+
+private actor LoopActor {
+    let loop: EventLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+    init(loop: EventLoop) { self.loop = loop }
+    func isIsolated() -> Bool {
+        loop.isCurrent
     }
 }
