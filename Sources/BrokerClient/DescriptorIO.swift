@@ -106,6 +106,33 @@ enum DescriptorIO {
         return (UInt64(total), false)
     }
 
+    /// Reads what `fd` holds now, up to `limit` bytes, on the calling thread: only for a
+    /// pipe the loop found readable, whose read does not wait. Empty at end of file.
+    static func readAvailable(from fd: FileDescriptor, upTo limit: Int) throws -> Data {
+        // Readable and empty means end of file: a read of one byte says so.
+        try readSome(from: fd, upTo: max(1, min(try fd.bytesPending(), limit)))
+    }
+
+    /// Reads up to `limit` bytes of `fd` on a dispatch thread, where the read may wait. Empty
+    /// at end of file.
+    static func readSome(from fd: FileDescriptor, upToWaiting limit: Int) async throws -> Data {
+        try await offLoop { try readSome(from: fd, upTo: limit) }
+    }
+
+    /// One read(2) of up to `limit` bytes, into the returned `Data`'s own storage.
+    private static func readSome(from fd: FileDescriptor, upTo limit: Int) throws -> Data {
+        guard var memory = malloc(limit) else { throw Errno.noMemory }
+        let count: Int
+        do {
+            count = try fd.readSome(into: UnsafeMutableRawBufferPointer(start: memory, count: limit))
+        } catch {
+            free(memory)
+            throw error
+        }
+        if count < limit / 2, let smaller = realloc(memory, max(count, 1)) { memory = smaller }
+        return Data(bytesNoCopy: memory, count: count, deallocator: .free)
+    }
+
     /// Copies `fd` to end of file into `output`, then closes `fd`. Returns the byte count.
     ///
     /// A data load's `fd` is the broker's pipe, so the bytes go with splice(2): the kernel
@@ -169,7 +196,7 @@ enum DescriptorIO {
 /// A pipe watched on its loop's thread for as long as a reader waits for it there, a wait at
 /// a time. The watch is level-triggered: one that fires while nobody waits (the reader has
 /// not read yet) turns itself off, rather than wake the loop again and again.
-private final class ReadinessWatch {
+final class ReadinessWatch {
     private var watch: IOWatch?
     private var waiter: CheckedContinuation<Void, Never>?
     private var isEnabled = true

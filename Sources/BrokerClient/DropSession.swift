@@ -109,22 +109,11 @@ public final class DropSession: Sendable {
         return collected.withLock { $0 }
     }
 
-    /// Loads a representation as a stream of chunks, for data too large to hold at once.
-    public func loadStream(item: Int, typeIdentifier: String) -> AsyncThrowingStream<Data, Error> {
-        AsyncThrowingStream { continuation in
-            // On the loop, where the Load call's reply lands: no hop there and back for it.
-            let task = Task(executorPreference: connection.taskExecutor) {
-                do {
-                    _ = try await self.load(item: item, typeIdentifier: typeIdentifier, progress: nil) { [loop = self.connection.loop] fd, kind in
-                        try await DescriptorIO.readChunks(consuming: fd, pipeOn: kind == .data ? loop : nil) { continuation.yield(Data($0)) }
-                    }
-                    continuation.finish()
-                } catch {
-                    continuation.finish(throwing: error)
-                }
-            }
-            continuation.onTermination = { _ in task.cancel() }
-        }
+    /// Loads a representation as a stream of chunks, for data too large to hold at once. The
+    /// load starts at the first `next()`, and the stream reads only as fast as it is read:
+    /// see `LoadStream`.
+    public func loadStream(item: Int, typeIdentifier: String) -> LoadStream {
+        LoadStream(session: self, item: item, typeIdentifier: typeIdentifier)
     }
 
     /// Loads a representation into `output` (a file, a pipe, a socket); returns the byte count.
@@ -161,6 +150,29 @@ public final class DropSession: Sendable {
     /// verdict (`LoadFinished`) against what arrived.
     private func load(item: Int, typeIdentifier: String, progress: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Progress?,
                       consume: @escaping @Sendable (FileDescriptor, RepresentationKind) async throws -> UInt64) async throws(BrokerError) -> UInt64 {
+        let (fd, id, kind) = try await beginLoad(item: item, typeIdentifier: typeIdentifier, progress: progress)
+        let received: UInt64
+        do {
+            received = try await withTaskCancellationHandler {
+                try await consume(fd, kind)
+            } onCancel: {
+                cancelLoadSoon(id)
+            }
+        } catch let error as BrokerError {
+            abandonLoad(id)
+            throw error
+        } catch {
+            throw await failedRead(id, error)
+        }
+        try await finishLoad(id, kind: kind, received: received)
+        progress?(received, received)
+        return received
+    }
+
+    /// Asks the broker for a load: its descriptor, its ID (claimed in the ledger, so its
+    /// signals find it) and its kind.
+    func beginLoad(item: Int, typeIdentifier: String, progress: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Progress? = nil)
+        async throws(BrokerError) -> (FileDescriptor, UInt32, RepresentationKind) {
         guard let index = UInt32(exactly: item) else { throw .invalidArgument("Item index \(item) is out of range") }
         try Self.checkCancellation()
         let (fd, id, kindName) = try await call(.load, { m throws(BusError) in
@@ -180,42 +192,45 @@ public final class DropSession: Sendable {
             if let early = loads.withLock({ $0.claim(id, item: item, progress: progress) }) { report(early) }
             return (fd, id, kindName)
         })
-        let kind = RepresentationKind(rawValue: kindName) ?? .data
-        let received: UInt64
-        do {
-            received = try await withTaskCancellationHandler {
-                try await consume(fd, kind)
-            } onCancel: {
-                Task { [connection, path] in
-                    try? await connection.sessionCall(path: path, SessionMember.cancelLoad,
-                                               build: { m throws(BusError) in try m.append(id) })
-                }
-            }
-        } catch let error as BrokerError {
-            loads.withLock { $0.abandon(id) }
-            throw error
-        } catch {
-            // The verdict explains a broken pipe better than the pipe does.
-            let outcome = await outcome(of: id)
-            throw outcome.error ?? BrokerError(.failed, "Failed to read the load: \(error)")
-        }
-        // A file's reply is its verdict: the broker answers with the descriptor only once the
-        // load is on record and the file judged, and nothing after that can fail it. Waiting
-        // for `LoadFinished` as well would cost the caller one more wake-up.
+        return (fd, id, RepresentationKind(rawValue: kindName) ?? .data)
+    }
+
+    /// All of a load's bytes are in (`received`): checks them against the broker's verdict.
+    /// A file's reply is its verdict: the broker answers with the descriptor only once the
+    /// load is on record and the file judged, and nothing after that can fail it. Waiting for
+    /// `LoadFinished` as well would cost the caller one more wake-up.
+    func finishLoad(_ id: UInt32, kind: RepresentationKind, received: UInt64) async throws(BrokerError) {
         if kind == .file {
-            loads.withLock { $0.abandon(id) }
-            progress?(received, received)
-            return received
+            abandonLoad(id)
+            return
         }
         let outcome = await outcome(of: id)
         if let error = outcome.error { throw error }
         guard outcome.bytes == received else {
             throw BrokerError(.failed, "The broker reported \(outcome.bytes) bytes but \(received) arrived")
         }
-        // Progress always ends at 100 %, however fast the load was.
-        progress?(received, received)
-        return received
     }
+
+    /// Reading a load's descriptor failed: the verdict explains a broken pipe better than the
+    /// pipe does.
+    func failedRead(_ id: UInt32, _ error: any Error) async -> BrokerError {
+        await outcome(of: id).error ?? BrokerError(.failed, "Failed to read the load: \(error)")
+    }
+
+    /// The load's verdict will not be waited for: the ledger forgets it.
+    func abandonLoad(_ id: UInt32) {
+        loads.withLock { $0.abandon(id) }
+    }
+
+    /// Asks the broker to cancel a load, without waiting: the load then ends with `Cancelled`.
+    func cancelLoadSoon(_ id: UInt32) {
+        Task { [connection, path] in
+            try? await connection.sessionCall(path: path, SessionMember.cancelLoad, build: { m throws(BusError) in try m.append(id) })
+        }
+    }
+
+    /// The connection's event loop, where a data load's pipe is waited for.
+    var loop: EventLoop { connection.loop }
 
     private func outcome(of id: UInt32) async -> LoadOutcome {
         await withCheckedContinuation { continuation in

@@ -54,6 +54,52 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(source.handlerCalls.count, 2)
     }
 
+    /// A stream reads only as fast as it is read: while its reader pauses after the first
+    /// chunk, the broker moves no more than the pipes and that chunk hold (the source's
+    /// writer waits), rather than the whole load piling up in the reader's memory.
+    func testAStreamReadsOnlyAsFastAsItIsRead() throws {
+        let world = try World()
+        let size = 32 << 20
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"application/x-big","size":\#(size),"chunk":262144}]}]}"#)
+        // Its events unread but by `streamslow`, which reads the progress among them.
+        XCTAssertEqual(destination.run("presentunread \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        destination.send("streamslow 0 application/x-big 1500")
+        let moved = try XCTUnwrap(destination.stdout.take(timeout: 20) { $0.hasPrefix("MOVED ") }.flatMap { UInt64($0.dropFirst(6)) },
+                                  destination.stdout.text)
+        XCTAssertGreaterThan(moved, 0, "the first chunk's bytes were reported")
+        XCTAssertLessThanOrEqual(moved, 4 << 20, "the broker moved \(moved) of \(size) bytes while the reader paused")
+        XCTAssertEqual(destination.stdout.take(timeout: 30) { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, "OK \(size) pattern")
+        let load = try world.daemon.waitForLog { try $0.loads().first }
+        XCTAssertEqual(load.bytes, Int64(size))
+        XCTAssertEqual(load.outcome, "completed")
+    }
+
+    /// Leaving a stream's loop early cancels its load: the broker records it cancelled, and
+    /// the destination may load again.
+    func testLeavingAStreamEarlyCancelsItsLoad() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, #"{"type":"application/x-slow","size":8388608,"chunk":65536,"pauseMs":20}"#)
+        let first = destination.run("streambreak 0 application/x-slow")
+        XCTAssertTrue(first.hasPrefix("OK "), first)
+        XCTAssertGreaterThan(Int(first.dropFirst(3)) ?? 0, 0, first)
+        let record = try world.daemon.waitForLog { try $0.loads().first }
+        XCTAssertEqual(record.outcome, "cancelled")
+        XCTAssertEqual(record.errorName, BrokerErrorCode.cancelled.busName)
+        XCTAssertLessThan(record.bytes, 8_388_608)
+        let again = destination.run("streambreak 0 application/x-slow")
+        XCTAssertTrue(again.hasPrefix("OK ") && (Int(again.dropFirst(3)) ?? 0) > 0, "a second load of the same item: \(again)")
+        let records = try world.daemon.waitForLog { log -> [LoadRecord]? in
+            let loads = try log.loads()
+            return loads.count == 2 ? loads : nil
+        }
+        XCTAssertEqual(records.map(\.outcome), ["cancelled", "cancelled"])
+        XCTAssertEqual(source.handlerCalls.count, 2, "the source's handler ran for each load")
+    }
+
     /// The threads of process `pid` that the client library names for stream writers.
     private func writerThreads(of pid: pid_t) -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []

@@ -271,6 +271,36 @@ final class Peer: Sendable {
                     chunks += 1
                 }
                 return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+            case "streamslow":
+                // Reads the first chunk, pauses `args[2]` ms, then the rest. MOVED: the most
+                // bytes the broker had moved, by its progress reports, when the pause ended.
+                let drop = try lastDrop()
+                let moved = Mutex<UInt64>(0)
+                let watcher = Task {
+                    for await event in drop.events {
+                        if case .loadProgress(_, _, let bytes, _) = event { moved.withLock { $0 = max($0, bytes) } }
+                    }
+                }
+                defer { watcher.cancel() }
+                var data = Data()
+                var paused = false
+                for try await chunk in drop.loadStream(item: Int(args[0])!, typeIdentifier: args[1]) {
+                    data += chunk
+                    if !paused {
+                        paused = true
+                        try? await Task.sleep(for: .milliseconds(Int(args[2])!))
+                        emit("MOVED \(moved.withLock { $0 })")
+                    }
+                }
+                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+            case "streambreak":
+                // Reads the first chunk, then leaves the loop.
+                var first = 0
+                for try await chunk in try lastDrop().loadStream(item: Int(args[0])!, typeIdentifier: args[1]) {
+                    first = chunk.count
+                    break
+                }
+                return "OK \(first)"
             case "loadcheck":
                 // For large loads: the count and whether every byte matches the pattern.
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
