@@ -95,8 +95,7 @@ enum DescriptorIO {
         var total = 0
         while total < limit {
             await pipe.readable()
-            // Readable and empty means end of file: a read of one byte says so.
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, min(try fd.bytesPending(), limit - total)), alignment: 1)
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: try readableCount(of: fd, upTo: limit - total), alignment: 1)
             defer { buffer.deallocate() }
             let count = try fd.readSome(into: buffer)
             if count == 0 { return (UInt64(total), true) }
@@ -109,8 +108,13 @@ enum DescriptorIO {
     /// Reads what `fd` holds now, up to `limit` bytes, on the calling thread: only for a
     /// pipe the loop found readable, whose read does not wait. Empty at end of file.
     static func readAvailable(from fd: FileDescriptor, upTo limit: Int) throws -> Data {
-        // Readable and empty means end of file: a read of one byte says so.
-        try readSome(from: fd, upTo: max(1, min(try fd.bytesPending(), limit)))
+        try readSome(from: fd, upTo: readableCount(of: fd, upTo: limit))
+    }
+
+    /// How much to read of a pipe the loop found readable: what it holds, up to `limit`.
+    /// Readable and empty means end of file: a read of one byte says so.
+    private static func readableCount(of fd: FileDescriptor, upTo limit: Int) throws(Errno) -> Int {
+        max(1, min(try fd.bytesPending(), limit))
     }
 
     /// Reads up to `limit` bytes of `fd` on a dispatch thread, where the read may wait. Empty

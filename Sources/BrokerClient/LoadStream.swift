@@ -79,10 +79,9 @@ private final class LoadReader: @unchecked Sendable {
     /// An iterator let go of before the end: the load is cancelled, its pipe closed.
     deinit {
         guard case .reading(let reading) = state else { return }
-        reading.fd.closeQuietly()
+        end(reading)
         session.abandonLoad(reading.id)
         session.cancelLoadSoon(reading.id)
-        releaseWatch()
     }
 
     func next() async throws(BrokerError) -> Data? {
