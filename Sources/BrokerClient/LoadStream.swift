@@ -152,18 +152,22 @@ private final class LoadReader: @unchecked Sendable {
         return try DescriptorIO.readAvailable(from: reading.fd, upTo: LoadStream.chunkSize - Int(reading.received))
     }
 
-    /// The descriptor is done with: closed, its watch released on the loop.
+    /// The descriptor is done with: its watch released, then the descriptor closed, both on
+    /// the loop's thread when a watch is still held. In that order: closing first would leave
+    /// the watch's epoll registration behind whenever another copy of the pipe's read end is
+    /// still open somewhere (epoll forgets a descriptor only with its last copy), and sd-event,
+    /// having freed the watch, then met its stale registration in `process_epoll` and aborted.
     private func end(_ reading: Reading) {
         state = .finished
-        reading.fd.closeQuietly()
-        releaseWatch()
+        releaseWatch(thenClosing: reading.fd)
     }
 
-    /// Lets go of the pipe's watch on the loop's thread, where BusKit lets it go: here, or
-    /// through the loop's queue.
-    private func releaseWatch() {
+    /// Lets go of the pipe's watch on the loop's thread, where BusKit lets it go (here, or
+    /// through the loop's queue), then closes `fd` if given.
+    private func releaseWatch(thenClosing fd: FileDescriptor? = nil) {
         guard watch != nil, !session.loop.isCurrent else {
             watch = nil
+            fd?.closeQuietly()
             return
         }
         // A reference of its own, the last, for the loop to let go of: no reference this
@@ -171,6 +175,9 @@ private final class LoadReader: @unchecked Sendable {
         let last = Unmanaged.passRetained(watch!)
         watch = nil
         nonisolated(unsafe) let released = last
-        session.loop.execute { released.release() }
+        session.loop.execute {
+            released.release()
+            fd?.closeQuietly()
+        }
     }
 }

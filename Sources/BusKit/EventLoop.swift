@@ -296,19 +296,25 @@ private final class DeferredBox {
     init(_ body: @escaping () -> Void) { self.body = body }
 }
 
-/// An fd watched by the loop until it is readable or writable. Disabled and freed on deinit.
+/// An fd watched by the loop until it is readable or writable. Disabled and freed on deinit,
+/// which must come before the fd is closed (checked, in release builds too): sd-event removes
+/// the fd from its epoll set by number, and a closed number removes nothing, while epoll keeps
+/// watching the pipe or socket as long as any copy of it is open, in this process or another.
+/// The next event then names the freed watch, and sd-event aborts in `process_epoll`.
 public final class IOWatch: @unchecked Sendable {
     public enum Readiness: Sendable {
         case readable, writable
     }
 
     private let loop: EventLoop
+    private let fd: Int32
     private var source: OpaquePointer?
     private let callback: () -> Void
 
     public init(loop: EventLoop, fd: Int32, when readiness: Readiness, callback: @escaping () -> Void) throws(BusError) {
         loop.preconditionCurrentOrIdle("IOWatch created")
         self.loop = loop
+        self.fd = fd
         self.callback = callback
         let events = readiness == .readable ? shim_epollin() : shim_epollout()
         let r = sd_event_add_io(loop.handle, &source, fd, events, { _, _, _, userdata in
@@ -325,6 +331,7 @@ public final class IOWatch: @unchecked Sendable {
 
     deinit {
         loop.preconditionCurrentOrIdle("IOWatch released")
+        precondition(FileDescriptor(rawValue: fd).isOpen, "IOWatch on descriptor \(fd) released after the descriptor was closed: release the watch first")
         sd_event_source_disable_unref(source)
     }
 }

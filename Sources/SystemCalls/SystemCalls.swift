@@ -212,6 +212,12 @@ extension FileDescriptor {
         }
     }
 
+    /// fcntl(F_GETFD) succeeds: the number is an open descriptor (this one, unless it was
+    /// closed and the number given out again).
+    public var isOpen: Bool {
+        Glibc.fcntl(rawValue, F_GETFD) >= 0
+    }
+
     /// close(2), for a descriptor whose owner is done with it; a failure leaves nothing to do.
     public func closeQuietly() {
         _ = Glibc.close(rawValue)
