@@ -116,15 +116,17 @@ public actor BrokerConnection {
         return try await Self.send(on: bus, to: brokerName, path: path, member, timeout: timeout, build: build, decode: decode)
     }
 
-    /// A session's call (`DropSession`, `DragSession`, `PasteboardEntry`). A task already on the
-    /// loop (one that prefers `taskExecutor`) sends it right here, and the reply resumes it
-    /// here: entering the actor and leaving it again would cost two more trips through the
-    /// loop's queue and four executor switches per call, as much CPU as the rest of the
-    /// library's share of a call. From anywhere else the call goes through the actor.
-    nonisolated func sessionCall<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
-                                                                      build: @Sendable (Message) throws(BusError) -> Void = { _ in },
-                                                                      decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        guard loop.isCurrent else { return try await call(path: path, member, timeout: timeout, build: build, decode: decode) }
+    /// A session's call (`DropSession`, `DragSession`, `PasteboardEntry`), in the caller's
+    /// isolation. A task on the loop that the reply will resume there (one that prefers
+    /// `taskExecutor`) sends it right here: entering the actor and leaving it again would cost
+    /// two more trips through the loop's queue and four executor switches per call, as much
+    /// CPU as the rest of the library's share of a call. From anywhere else the call goes
+    /// through the actor, also from a nonisolated task that is on the loop's thread without
+    /// preferring it (`EventLoop.holdsTask`): the reply would resume it elsewhere.
+    nonisolated(nonsending) func sessionCall<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                                                                  build: @Sendable (Message) throws(BusError) -> Void = { _ in },
+                                                                                  decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        guard loop.holdsTask(isolatedTo: #isolation) else { return try await call(path: path, member, timeout: timeout, build: build, decode: decode) }
         let (destination, gone) = brokerOnLoop()
         if let gone { throw gone }
         return try await Self.send(on: bus, to: destination, path: path, member, timeout: timeout, build: build, decode: decode)
@@ -137,16 +139,16 @@ public actor BrokerConnection {
     }
 
     /// A session's call whose reply carries nothing to read.
-    nonisolated func sessionCall<Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
-                                                         build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
+    nonisolated(nonsending) func sessionCall<Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
+                                                                     build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
         try await sessionCall(path: path, member, timeout: timeout, build: build, decode: { _ throws(BusError) in })
     }
 
-    /// Builds, sends and decodes one call in the caller's isolation, which runs on the loop.
-    private static func send<T, Member: InterfaceTable>(on bus: Bus, to destination: String, path: String, _ member: Member, timeout: UInt64,
-                                                        build: (Message) throws(BusError) -> Void,
-                                                        decode: (Message) throws(BusError) -> T,
-                                                        isolation: isolated (any Actor)? = #isolation) async throws(BrokerError) -> T {
+    /// Builds, sends and decodes one call in the caller's isolation, which holds the loop
+    /// (`EventLoop.holdsTask`): the actor's, or a task's that prefers the loop.
+    nonisolated(nonsending) private static func send<T, Member: InterfaceTable>(on bus: Bus, to destination: String, path: String, _ member: Member, timeout: UInt64,
+                                                                                build: (Message) throws(BusError) -> Void,
+                                                                                decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         let reply: Message
         do {
             let message = try bus.newMethodCall(destination: destination, path: path, interface: Member.interfaceName, member: member.name)

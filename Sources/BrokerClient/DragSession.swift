@@ -47,13 +47,13 @@ public final class DragSession: Sendable {
     }
 
     /// Cancels one load this source is producing; the destination hears `Cancelled`.
-    public func cancelLoad(_ load: UInt32) async throws(BrokerError) {
+    nonisolated(nonsending) public func cancelLoad(_ load: UInt32) async throws(BrokerError) {
         try await connection.sessionCall(path: path, SessionMember.cancelLoad,
                                   build: { m throws(BusError) in try m.append(load) })
     }
 
     /// Cancels the drag (released over nothing). Loads in flight stop.
-    public func cancel() async throws(BrokerError) {
+    nonisolated(nonsending) public func cancel() async throws(BrokerError) {
         try await connection.sessionCall(path: path, SessionMember.cancel)
     }
 

@@ -33,8 +33,14 @@ public final class DropSession: Sendable {
     }
 
     /// Calls a session method; `decode` reads the reply on the event loop.
-    private func call<T: Sendable>(_ member: SessionMember, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in },
-                                   decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+    ///
+    /// The session's calls are `nonisolated(nonsending)`: they run in the caller's isolation. A
+    /// plain nonisolated async function would first switch to the generic executor and back
+    /// again on return, each switch a lookup of the task's executor preference under its
+    /// status lock, six per `update` from a task on the loop; from the main actor, a trip
+    /// through the concurrency pool on the way to the loop and another on the way back.
+    nonisolated(nonsending) private func call<T: Sendable>(_ member: SessionMember, _ build: @Sendable (Message) throws(BusError) -> Void = { _ in },
+                                                           decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         try await connection.sessionCall(path: path, member, build: build, decode: decode)
     }
 
@@ -47,7 +53,7 @@ public final class DropSession: Sendable {
     }
 
     /// The items, with only the types this app may see: enough for "can handle" decisions.
-    public func items() async throws(BrokerError) -> [VisibleItem] {
+    nonisolated(nonsending) public func items() async throws(BrokerError) -> [VisibleItem] {
         try await call(.getItems, decode: { reply throws(BusError) in
             var items: [VisibleItem] = []
             _ = try reply.enterContainer("a", VisibleItem.signature)
@@ -60,7 +66,7 @@ public final class DropSession: Sendable {
     /// The indices of items with a representation visible to this app that conforms to
     /// `type`: a MIME type (`text/plain` covers `text/x-python`), a wildcard (`image/*`) or a
     /// UTI (`public.image`). Answered before the drop, from the system's MIME database.
-    public func items(conformingTo type: String) async throws(BrokerError) -> [Int] {
+    nonisolated(nonsending) public func items(conformingTo type: String) async throws(BrokerError) -> [Int] {
         try await call(.conformingItems, { m throws(BusError) in try m.append(type) }, decode: { reply throws(BusError) in
             var indices: [Int] = []
             _ = try reply.enterContainer("a", "u")
@@ -71,26 +77,26 @@ public final class DropSession: Sendable {
     }
 
     /// `hasItemsConforming(toTypeIdentifiers:)`: can this drop be handled at all?
-    public func hasItems(conformingTo type: String) async throws(BrokerError) -> Bool {
+    nonisolated(nonsending) public func hasItems(conformingTo type: String) async throws(BrokerError) -> Bool {
         try await !items(conformingTo: type).isEmpty
     }
 
     /// The drag entered this destination with a proposal; returns what the broker allows.
-    public func enter(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
+    nonisolated(nonsending) public func enter(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
         try await propose(.enter, proposal)
     }
 
     /// The drag moved; returns what the broker allows for the new proposal.
-    public func update(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
+    nonisolated(nonsending) public func update(proposing proposal: DropOperation) async throws(BrokerError) -> DropOperation {
         try await propose(.update, proposal)
     }
 
-    public func exit() async throws(BrokerError) {
+    nonisolated(nonsending) public func exit() async throws(BrokerError) {
         try await call(.exit, decode: { _ throws(BusError) in })
     }
 
     /// Performs the drop with the current proposal; from now on this destination alone may load.
-    public func performDrop() async throws(BrokerError) -> DropOperation {
+    nonisolated(nonsending) public func performDrop() async throws(BrokerError) -> DropOperation {
         try await operation(from: call(.performDrop, decode: { reply throws(BusError) in try reply.readString() }))
     }
 
@@ -171,7 +177,7 @@ public final class DropSession: Sendable {
 
     /// Asks the broker for a load: its descriptor, its ID (claimed in the ledger, so its
     /// signals find it) and its kind.
-    func beginLoad(item: Int, typeIdentifier: String, progress: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Progress? = nil)
+    nonisolated(nonsending) func beginLoad(item: Int, typeIdentifier: String, progress: LoadLedger<CheckedContinuation<LoadOutcome, Never>>.Progress? = nil)
         async throws(BrokerError) -> (FileDescriptor, UInt32, RepresentationKind) {
         guard let index = UInt32(exactly: item) else { throw .invalidArgument("Item index \(item) is out of range") }
         try Self.checkCancellation()
@@ -199,7 +205,7 @@ public final class DropSession: Sendable {
     /// A file's reply is its verdict: the broker answers with the descriptor only once the
     /// load is on record and the file judged, and nothing after that can fail it. Waiting for
     /// `LoadFinished` as well would cost the caller one more wake-up.
-    func finishLoad(_ id: UInt32, kind: RepresentationKind, received: UInt64) async throws(BrokerError) {
+    nonisolated(nonsending) func finishLoad(_ id: UInt32, kind: RepresentationKind, received: UInt64) async throws(BrokerError) {
         if kind == .file {
             abandonLoad(id)
             return
@@ -213,7 +219,7 @@ public final class DropSession: Sendable {
 
     /// Reading a load's descriptor failed: the verdict explains a broken pipe better than the
     /// pipe does.
-    func failedRead(_ id: UInt32, _ error: any Error) async -> BrokerError {
+    nonisolated(nonsending) func failedRead(_ id: UInt32, _ error: any Error) async -> BrokerError {
         await outcome(of: id).error ?? BrokerError(.failed, "Failed to read the load: \(error)")
     }
 
@@ -232,7 +238,7 @@ public final class DropSession: Sendable {
     /// The connection's event loop, where a data load's pipe is waited for.
     var loop: EventLoop { connection.loop }
 
-    private func outcome(of id: UInt32) async -> LoadOutcome {
+    nonisolated(nonsending) private func outcome(of id: UInt32) async -> LoadOutcome {
         await withCheckedContinuation { continuation in
             if let outcome = loads.withLock({ $0.collect(id, waiter: continuation) }) {
                 continuation.resume(returning: outcome)
@@ -251,11 +257,11 @@ public final class DropSession: Sendable {
 
     /// Ends the session after the drop: the source learns the operation, and when the
     /// transfers finish.
-    public func conclude() async throws(BrokerError) {
+    nonisolated(nonsending) public func conclude() async throws(BrokerError) {
         try await call(.conclude, decode: { _ throws(BusError) in })
     }
 
-    private func propose(_ member: SessionMember, _ proposal: DropOperation) async throws(BrokerError) -> DropOperation {
+    nonisolated(nonsending) private func propose(_ member: SessionMember, _ proposal: DropOperation) async throws(BrokerError) -> DropOperation {
         try await operation(from: call(member, { m throws(BusError) in try m.append(proposal.rawValue) },
                                        decode: { reply throws(BusError) in try reply.readString() }))
     }

@@ -42,12 +42,12 @@ public final class PasteboardEntry: Sendable {
     /// the clear, for apps that do not speak the protocol, as the broker decides: only those
     /// any app may see and that flow rules let reach an unknown app. Offer nothing else in the
     /// clear; pastes of what is offered so are not recorded.
-    public func clearOffers() async throws(BrokerError) -> [String] {
+    nonisolated(nonsending) public func clearOffers() async throws(BrokerError) -> [String] {
         try await connection.sessionCall(path: path, SessionMember.clearOffers, decode: { reply throws(BusError) in try reply.readStrings() })
     }
 
     /// Takes the entry off the pasteboard now; pastes already made go on.
-    public func withdraw() async throws(BrokerError) {
+    nonisolated(nonsending) public func withdraw() async throws(BrokerError) {
         try await connection.sessionCall(path: path, SessionMember.cancel)
     }
 

@@ -107,30 +107,25 @@ public final class Bus: @unchecked Sendable {
     /// Sends a method call and suspends until its reply; an error reply is thrown as `BusError`.
     /// `timeout` is in microseconds, 0 meaning sd-bus's default (25 s).
     ///
-    /// Await it only from an actor whose executor is this bus's loop: the reply is resumed in
-    /// the caller's isolation, and a message must stay on its loop. Decode it there and let
-    /// only the decoded values leave.
-    public func call(_ message: Message, timeout: UInt64 = 0,
-                     isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> Message {
+    /// Await it only where `loop.holdsTask(isolatedTo: #isolation)`: from an actor whose
+    /// executor is the loop, or a task that prefers the loop as its executor. It runs in the
+    /// caller's isolation, the reply resumes it there, on the loop, and a message must stay on
+    /// its loop: decode it there and let only the decoded values leave. A nonisolated task
+    /// that does not prefer the loop may be on its thread for a while (see `holdsTask`), but
+    /// its reply would resume it anywhere, the message with it.
+    nonisolated(nonsending) public func call(_ message: Message, timeout: UInt64 = 0) async throws(BusError) -> Message {
         precondition(loop.isCurrent, "Bus.call awaited off its event loop: call it from an actor whose executor is the loop")
-        // The reply resumes the caller's task through the runtime's generic executor, which by
-        // default is the concurrency pool: a thread woken only to hand the task back to the
-        // loop. With the loop preferred as the task's executor meanwhile, it resumes here. A
-        // task that prefers the loop already (a caller inside withTaskExecutorPreference)
-        // needs no second preference record pushed and popped around every call.
-        let preferred = withUnsafeCurrentTask { $0?.unownedTaskExecutor } == loop.taskExecutor.asUnownedTaskExecutor()
-        let result: Result<Message, BusError> = preferred
-            ? await reply(to: message, timeout: timeout, isolation: isolation)
-            : await withTaskExecutorPreference(loop.taskExecutor, isolation: isolation) {
-                await reply(to: message, timeout: timeout, isolation: isolation)
-            }
-        return try result.get()
+        // The full check reads the task's executor preference under its status lock: the
+        // caller made it already, and the tests (debug builds) make it again.
+        let callerIsolation = #isolation
+        assert(loop.holdsTask(isolatedTo: callerIsolation), "Bus.call awaited by a nonisolated task that does not prefer the loop: its reply would resume it elsewhere")
+        return try await reply(to: message, timeout: timeout).get()
     }
 
-    private func reply(to message: Message, timeout: UInt64, isolation: isolated (any Actor)?) async -> Result<Message, BusError> {
+    nonisolated(nonsending) private func reply(to message: Message, timeout: UInt64) async -> Result<Message, BusError> {
         // One allocation per call: the pending reply holds the continuation itself, and sd-bus
         // holds the pending reply until it calls back exactly once.
-        await withUnsafeContinuation(isolation: isolation) { continuation in
+        await withUnsafeContinuation { continuation in
             let pending = Unmanaged.passRetained(PendingReply(loop: loop, continuation))
             let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
                 Unmanaged<PendingReply>.fromOpaque(userdata!).takeRetainedValue().resume(with: reply!)
@@ -299,7 +294,7 @@ public final class Bus: @unchecked Sendable {
     }
 
     /// Asks the bus driver for the current owner of a name.
-    public func nameOwner(_ name: String, isolation: isolated (any Actor)? = #isolation) async throws(BusError) -> String {
+    nonisolated(nonsending) public func nameOwner(_ name: String) async throws(BusError) -> String {
         let m = try newMethodCall(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
                                   interface: "org.freedesktop.DBus", member: "GetNameOwner")
         try m.append(name)

@@ -188,6 +188,21 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         return owner != 0 && pthread_equal(owner, pthread_self()) != 0
     }
 
+    /// Whether the calling task is on the loop's thread and an await will resume it here:
+    /// it is isolated to an actor (`isolation`, the caller's `#isolation`: on this thread, one
+    /// whose executor is the loop) or prefers the loop as its task executor. A nonisolated
+    /// task can be on the loop's thread without preferring it (in an optimized build, after
+    /// `withTaskExecutorPreference` returns, it runs on here until it next suspends) and
+    /// resume anywhere. Reads the task's executor preference, which takes the task's status
+    /// lock, only when the cheaper answers do not decide. `isolation` is passed rather than
+    /// defaulted to `#isolation`: inside a closure (an `assert`'s condition) that would be
+    /// the closure's own, none.
+    public func holdsTask(isolatedTo isolation: (any Actor)?) -> Bool {
+        guard isCurrent else { return false }
+        guard isolation == nil else { return true }
+        return withUnsafeCurrentTask { $0?.unownedTaskExecutor } == taskExecutor.asUnownedTaskExecutor()
+    }
+
     /// Whether a thread runs the loop now (`start()` until `stop()`, or inside `run()`).
     public var isRunning: Bool { loopThread.load(ordering: .acquiring) != 0 }
 

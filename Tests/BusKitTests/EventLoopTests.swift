@@ -88,6 +88,30 @@ final class EventLoopTests: XCTestCase {
         XCTAssertTrue(isolated)
     }
 
+    /// Who may await a reply on the loop (`Bus.call`): a task on the loop's thread that the
+    /// reply will resume there. A task that prefers the loop is one, and an actor on the loop;
+    /// code on the loop's thread that no such task runs is not. (An optimized build lets a
+    /// nonisolated task run on there after `withTaskExecutorPreference` returns, until it next
+    /// suspends: a session's call sent on the spot from there had its reply resume it on the
+    /// concurrency pool, the reply message with it, which traps in `Message.deinit` off the
+    /// loop. `BrokerConnection.sessionCall` asks `holdsTask` instead of `isCurrent`.)
+    func testOnlyATaskThatAReplyResumesOnTheLoopHoldsIt() async throws {
+        let loop = try EventLoop()
+        loop.start(name: "test-loop")
+        defer { loop.stop() }
+        let preferring = await withTaskExecutorPreference(loop.taskExecutor) {
+            (loop.isCurrent, loop.holdsTask(isolatedTo: #isolation))
+        }
+        XCTAssertTrue(preferring == (true, true), "a task preferring the loop: on its thread \(preferring.0), holds it \(preferring.1)")
+        let actorHolds = await LoopActor(loop: loop).holdsLoop()
+        XCTAssertTrue(actorHolds)
+        let notATask = await withCheckedContinuation { continuation in
+            loop.execute { continuation.resume(returning: (loop.isCurrent, loop.holdsTask(isolatedTo: nil))) }
+        }
+        XCTAssertTrue(notATask == (true, false), "work on the loop outside a task: on its thread \(notATask.0), holds it \(notATask.1)")
+        XCTAssertFalse(loop.holdsTask(isolatedTo: nil), "off the loop's thread")
+    }
+
     private static func nonisolatedStep(_ loop: EventLoop, depth: Int) async -> [Bool] {
         let here = loop.isCurrent
         guard depth > 0 else { return [here] }
@@ -132,5 +156,8 @@ private actor LoopActor {
     init(loop: EventLoop) { self.loop = loop }
     func isIsolated() -> Bool {
         loop.isCurrent
+    }
+    func holdsLoop() -> Bool {
+        loop.holdsTask(isolatedTo: self)
     }
 }
