@@ -86,9 +86,11 @@ private final class LoadReader: @unchecked Sendable {
 
     func next() async throws(BrokerError) -> Data? {
         // The Load call and a data load's head belong on the loop: from elsewhere the whole
-        // step goes there, one hop there and back rather than one for each of its parts.
+        // step goes there, one hop there and back rather than one for each of its parts. A
+        // task on the loop's thread that the loop will not resume (`holdsTask`) goes there too:
+        // the watch's wait would resume it elsewhere, away from the watch.
         let loop = session.loop
-        guard onLoop, !loop.isCurrent else { return try await step() }
+        guard onLoop, !loop.holdsTask(isolatedTo: #isolation) else { return try await step() }
         return try await withTaskExecutorPreference(loop.taskExecutor) { () async throws(BrokerError) -> Data? in try await step() }
     }
 
