@@ -35,7 +35,7 @@ final class CBaseline {
         let token = try world.sourceToken("begin", "the source did not begin a drag for the C client")
         child = try Child(name: "dragbroker-bench-c", executable: path,
                           arguments: [world.address, token, world.sourceName, BenchTypes.small, BenchTypes.file,
-                                      "\(Orchestrator.latencyIterations)"],
+                                      "\(Orchestrator.latencyIterations)", "\(Orchestrator.pauseMicroseconds)"],
                           environment: [:])
         Cleanup.shared.add(child)
         guard let ready = child.stdout.take(timeout: 20, where: { $0.hasPrefix("READY") || $0.hasPrefix("ERR") }), ready.hasPrefix("READY") else {

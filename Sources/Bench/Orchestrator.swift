@@ -421,7 +421,7 @@ enum Orchestrator {
         report.append("(d) proposal Update round trip (after Enter)")
         report.append(pairLine(update))
         report.append("  echo: org.freedesktop.DBus.Peer.Ping to the source's unique name, answered by its sd-bus, through an actor")
-        report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(settleNanoseconds / 1_000_000) ms pause;")
+        report.append("  on a BusKit event loop as the library calls; one echo after each operation, each after a \(pauseMicroseconds) µs pause;")
         report.append("  \(latencyWarmup) pairs of warm-up discarded; percentiles from HdrHistogram")
         let cLines = baselineLines(update: (update, updateOnLoop, cUpdate, cUpdateLoop), firstByte: (firstByte, firstByteOnLoop, cFirstByte, cFirstByteLoop),
                                    handover: (handover, handoverOnLoop, cHandover, cHandoverLoop),
@@ -616,14 +616,20 @@ enum Orchestrator {
         }
     }
 
-    static let settleNanoseconds: UInt64 = 1_000_000
+    /// The pause before each operation and each echo: 1 ms, so that every call starts as an
+    /// app's does, from a thread that slept and caches that went cold meanwhile.
+    /// `DRAGBROKER_BENCH_PAUSE_US` changes it (0: none, the calls back to back, caches warm),
+    /// for the C client too.
+    static let pauseMicroseconds: UInt64 = ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_PAUSE_US"].flatMap { UInt64($0) } ?? 1000
+    static let settleNanoseconds = pauseMicroseconds * 1000
 
     static func settle() async throws {
-        try await Task.sleep(nanoseconds: settleNanoseconds)
+        if settleNanoseconds > 0 { try await Task.sleep(nanoseconds: settleNanoseconds) }
     }
 
     static func settleOnThisThread() {
-        var pause = timespec(tv_sec: 0, tv_nsec: Int(settleNanoseconds))
+        if settleNanoseconds == 0 { return }
+        var pause = timespec(tv_sec: Int(settleNanoseconds / 1_000_000_000), tv_nsec: Int(settleNanoseconds % 1_000_000_000))
         var left = timespec()
         while nanosleep(&pause, &left) < 0 && errno == EINTR { pause = left }
     }

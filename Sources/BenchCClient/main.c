@@ -6,7 +6,7 @@
  * them, sd_bus_call_method_async on an sd-event loop attached to the bus, waiting in
  * sd_event_run (and for the first byte, an io source on the pipe), as BrokerClient does.
  *
- * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY
+ * Usage: dragbroker-bench-c ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY PAUSE-US
  * It presents TOKEN, prints "READY", then answers each command on stdin with one line. KIND is
  *   update     Enter(copy) on first use, then Update(copy) round trips
  *   firstbyte  Load(0, SMALL-TYPE) to the first byte read, each read to its end
@@ -20,8 +20,8 @@
  *   drop            Enter(copy) unless done already, then PerformDrop     -> "OK drop"
  *   quit            Conclude, then exit
  * Blocks let the Swift side alternate with its own measurement of the same kind, so that both
- * see the same machine. Times are nanoseconds. A recorded pair is a 1 ms pause, the operation,
- * a 1 ms pause and an echo (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side
+ * see the same machine. Times are nanoseconds. A recorded pair is a pause of PAUSE-US
+ * microseconds (none at 0), the operation, the pause again and an echo (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side
  * measures. CPU-US is the CPU time this thread used over all the recorded blocks (user and
  * system, microseconds), SWITCHES how often the kernel took the CPU from it while it could
  * still run (involuntary context switches). Failures print "ERR <what>" and exit 1. */
@@ -31,9 +31,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,9 +77,11 @@ static void drain(void) {
     if (r < 0) die("sd_bus_process", r);
 }
 
+static long pause_us;
+
 static void settle(void) {
-    struct timespec pause = {0, 1000000};
-    while (nanosleep(&pause, &pause) < 0 && errno == EINTR) {}
+    struct timespec pause = {pause_us / 1000000, (pause_us % 1000000) * 1000};
+    while (pause_us > 0 && nanosleep(&pause, &pause) < 0 && errno == EINTR) {}
     drain();
 }
 
@@ -339,14 +341,15 @@ static void report(struct record *record) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY\n", argv[0]);
+    if (argc != 8) {
+        fprintf(stderr, "usage: %s ADDRESS TOKEN ECHO-PEER SMALL-TYPE FILE-TYPE CAPACITY PAUSE-US\n", argv[0]);
         return 2;
     }
     echo_peer = argv[3];
     small_type = argv[4];
     file_type = argv[5];
     capacity = atol(argv[6]);
+    pause_us = atol(argv[7]);
     if (capacity <= 0) die("CAPACITY must be positive", EINVAL);
     for (size_t i = 0; i < sizeof records / sizeof records[0]; i++) {
         records[i].ops = calloc((size_t)capacity, sizeof *records[i].ops);
