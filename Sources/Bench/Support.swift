@@ -290,7 +290,10 @@ final class Cleanup: @unchecked Sendable {
     private var directories: [URL] = []
     private var done = false
 
-    func add(_ child: Child) { lock.withLock { children.append(child) } }
+    func add(_ child: Child) {
+        lock.withLock { children.append(child) }
+        CrashCleanup.remember(child.pid)
+    }
     func add(directory: URL) { lock.withLock { directories.append(directory) } }
 
     /// The last lines each child wrote to stderr, for a failure report.
@@ -307,6 +310,7 @@ final class Cleanup: @unchecked Sendable {
         for child in children.reversed() {
             child.closeInput()
             child.stop()
+            CrashCleanup.forget(child.pid)
         }
         for directory in directories { try? FileManager.default.removeItem(at: directory) }
     }
@@ -318,6 +322,7 @@ final class Cleanup: @unchecked Sendable {
 nonisolated(unsafe) private let signalPipe = UnsafeMutablePointer<Int32>.allocate(capacity: 2)
 
 func installTerminationHandlers() {
+    CrashCleanup.install()
     guard let pipe = try? FileDescriptor.makePipe(nonBlocking: false) else { return }
     signalPipe[0] = pipe.readEnd.rawValue
     signalPipe[1] = pipe.writeEnd.rawValue
@@ -337,6 +342,50 @@ func installTerminationHandlers() {
         exit(130)
     }
     thread.start()
+}
+
+/// A crash (a trap, an abort, a bad access) runs no cleanup, and left the bus, the daemon and the
+/// source running. The handler sends SIGTERM to every child still on record, with nothing but
+/// `kill(2)`, then puts back the handler it replaced (the Swift runtime's backtracer) and raises
+/// the signal again, so the crash still reports and ends the process as before.
+enum CrashCleanup {
+    private static let capacity = 64
+    /// Slots of pids, 0 when free; written under `Cleanup`'s lock or at start, read by the handler.
+    nonisolated(unsafe) private static let pids: UnsafeMutablePointer<pid_t> = {
+        let table = UnsafeMutablePointer<pid_t>.allocate(capacity: capacity)
+        table.initialize(repeating: 0, count: capacity)
+        return table
+    }()
+    private static let signals = [SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGTRAP, SIGFPE]
+    nonisolated(unsafe) private static let replaced = UnsafeMutablePointer<sigaction>.allocate(capacity: 32)
+
+    static func remember(_ pid: pid_t) {
+        for slot in 0..<capacity where pids[slot] == 0 {
+            pids[slot] = pid
+            return
+        }
+    }
+
+    static func forget(_ pid: pid_t) {
+        for slot in 0..<capacity where pids[slot] == pid { pids[slot] = 0 }
+    }
+
+    static func install() {
+        _ = pids
+        for signal in signals {
+            var action = sigaction()
+            action.__sigaction_handler.sa_sigaction = { signal, _, _ in
+                for slot in 0..<CrashCleanup.capacity where CrashCleanup.pids[slot] > 0 {
+                    kill(CrashCleanup.pids[slot], SIGTERM)
+                }
+                sigaction(signal, CrashCleanup.replaced + Int(signal), nil)
+                raise(signal)
+            }
+            action.sa_flags = SA_SIGINFO
+            sigemptyset(&action.sa_mask)
+            sigaction(signal, &action, replaced + Int(signal))
+        }
+    }
 }
 
 /// Ends the whole run if it takes longer than `seconds`, cleaning up first.
