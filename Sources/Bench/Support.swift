@@ -291,8 +291,10 @@ final class Cleanup: @unchecked Sendable {
     private var done = false
 
     func add(_ child: Child) {
-        lock.withLock { children.append(child) }
-        CrashCleanup.remember(child.pid)
+        lock.withLock {
+            children.append(child)
+            CrashCleanup.remember(child.pid)
+        }
     }
     func add(directory: URL) { lock.withLock { directories.append(directory) } }
 
@@ -350,7 +352,7 @@ func installTerminationHandlers() {
 /// the signal again, so the crash still reports and ends the process as before.
 enum CrashCleanup {
     private static let capacity = 64
-    /// Slots of pids, 0 when free; written under `Cleanup`'s lock or at start, read by the handler.
+    /// Slots of pids, 0 when free; written under `Cleanup`'s lock, read by the handler.
     nonisolated(unsafe) private static let pids: UnsafeMutablePointer<pid_t> = {
         let table = UnsafeMutablePointer<pid_t>.allocate(capacity: capacity)
         table.initialize(repeating: 0, count: capacity)

@@ -21,10 +21,11 @@
  *   quit            Conclude, then exit
  * Blocks let the Swift side alternate with its own measurement of the same kind, so that both
  * see the same machine. Times are nanoseconds. A recorded pair is a pause of PAUSE-US
- * microseconds (none at 0), the operation, the pause again and an echo (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side
- * measures. CPU-US is the CPU time this thread used over all the recorded blocks (user and
- * system, microseconds), SWITCHES how often the kernel took the CPU from it while it could
- * still run (involuntary context switches). Failures print "ERR <what>" and exit 1. */
+ * microseconds (none at 0), the operation, the pause again and an echo
+ * (org.freedesktop.DBus.Peer.Ping to ECHO-PEER), as the Swift side measures. CPU-US is the
+ * CPU time this thread used over all the recorded blocks (user and system, microseconds),
+ * SWITCHES how often the kernel took the CPU from it while it could still run (involuntary
+ * context switches). Failures print "ERR <what>" and exit 1. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
