@@ -1,6 +1,7 @@
 import BrokerProtocol
 import BusKit
 import Foundation
+import Synchronization
 import SystemCalls
 
 /// A connection to dragbrokerd. Every role starts here: `beginDrag` and `copy` for a source,
@@ -13,8 +14,11 @@ import SystemCalls
 public actor BrokerConnection {
     let loop: EventLoop
     let bus: Bus
+    /// The broker's unique name, and why every call fails from now on once it left the bus.
+    /// Read by every call, on the loop, also by sessions that do not enter the actor.
+    private nonisolated let broker = Mutex(BrokerPeer())
     /// The broker's unique name: the only peer allowed to call our providers.
-    private var brokerName = ""
+    private nonisolated var brokerName: String { broker.withLock { $0.name } }
     /// What each drag's provider serves, by session path.
     private var providers: [String: ProviderExport] = [:]
     private var routes: [String: SessionRoute] = [:]
@@ -25,8 +29,6 @@ public actor BrokerConnection {
     private var running: [String: [UInt32: Task<Void, Never>]] = [:]
     /// Tells when the broker's connection goes away.
     private var brokerWatch: Slot?
-    /// Why every call fails from now on: the broker this connection found has left the bus.
-    private var brokerGone: BrokerError?
 
     public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
@@ -72,7 +74,8 @@ public actor BrokerConnection {
 
     private func locateBroker() async throws(BrokerError) {
         do {
-            brokerName = try await bus.nameOwner(BrokerNames.busName)
+            let name = try await bus.nameOwner(BrokerNames.busName)
+            broker.withLock { $0.name = name }
             // The unique name is this broker's connection: when it loses its owner, that
             // broker is gone, whether or not another one takes the well-known name.
             brokerWatch = try bus.watchOwner(of: brokerName) { [unowned self] owner in
@@ -88,7 +91,7 @@ public actor BrokerConnection {
     /// `Disconnected` now, rather than with a broken pipe or an end of file that says nothing.
     private func brokerVanished() {
         let error = BrokerError(.disconnected, "dragbrokerd went away: its connection \(brokerName) left the bus")
-        brokerGone = error
+        broker.withLock { $0.gone = error }
         for (path, route) in routes {
             switch route.role {
             case .source(let session): _ = session.handle(.ended(.cancel, error))
@@ -107,63 +110,53 @@ public actor BrokerConnection {
 
     // MARK: Calls
 
-    /// Calls a broker method. `build` appends the arguments and `decode` reads the reply, both
-    /// here on the loop, where the messages live: only the decoded value leaves.
+    /// Calls a broker method. `build` appends the arguments here, and `decode` reads the reply
+    /// as it arrives, both on the loop, where the messages live: only the decoded value leaves.
     func call<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
                                                    build: (Message) throws(BusError) -> Void = { _ in },
-                                                   decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        if let brokerGone { throw brokerGone }
-        return try await Self.send(on: bus, to: brokerName, path: path, member, timeout: timeout, build: build, decode: decode)
+                                                   decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        try await send(path: path, member, timeout: timeout, build: build, decode: decode)
     }
 
-    /// A session's call (`DropSession`, `DragSession`, `PasteboardEntry`), in the caller's
-    /// isolation. A task on the loop that the reply will resume there (one that prefers
-    /// `taskExecutor`) sends it right here: entering the actor and leaving it again would cost
-    /// two more trips through the loop's queue and four executor switches per call, as much
-    /// CPU as the rest of the library's share of a call. From anywhere else the call goes
-    /// through the actor, also from a nonisolated task that is on the loop's thread without
-    /// preferring it (`EventLoop.holdsTask`): the reply would resume it elsewhere.
+    /// A call in the caller's isolation (a session's: `DropSession`, `DragSession`,
+    /// `PasteboardEntry`). On the loop's thread it is sent right here, whatever the caller's
+    /// isolation, since the reply is decoded as it arrives and no message follows the caller
+    /// wherever it resumes. A task that prefers `taskExecutor` resumes on the loop: no thread
+    /// hop at all, where entering the actor would cost two more trips through the loop's
+    /// queue and four executor switches per call. From any other thread it enters the actor.
     nonisolated(nonsending) func sessionCall<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
                                                                                   build: @Sendable (Message) throws(BusError) -> Void = { _ in },
-                                                                                  decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        guard loop.holdsTask(isolatedTo: #isolation) else { return try await call(path: path, member, timeout: timeout, build: build, decode: decode) }
-        let (destination, gone) = brokerOnLoop()
-        if let gone { throw gone }
-        return try await Self.send(on: bus, to: destination, path: path, member, timeout: timeout, build: build, decode: decode)
+                                                                                  decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        guard loop.isCurrent else { return try await call(path: path, member, timeout: timeout, build: build, decode: decode) }
+        return try await send(path: path, member, timeout: timeout, build: build, decode: decode)
     }
 
-    /// The broker's name, and why it is gone if it is: read on the loop's thread, the actor's
-    /// executor, without entering the actor.
-    private nonisolated func brokerOnLoop() -> (name: String, gone: BrokerError?) {
-        assumeIsolated { ($0.brokerName, $0.brokerGone) }
+    /// Builds and sends one call, on the loop's thread; `decode` reads the reply in sd-bus's
+    /// reply callback, and only its result resumes the caller, in the caller's isolation.
+    nonisolated(nonsending) private func send<T: Sendable, Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64,
+                                                                                   build: (Message) throws(BusError) -> Void,
+                                                                                   decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+        let result = await withUnsafeContinuation { (continuation: UnsafeContinuation<Result<T, BrokerError>, Never>) in
+            // The message is made, sent and released before the caller suspends.
+            let (destination, gone) = broker.withLock { ($0.name, $0.gone) }
+            if let gone { return continuation.resume(returning: .failure(gone)) }
+            do throws(BusError) {
+                let message = try bus.newMethodCall(destination: destination, path: path, interface: Member.interfaceName, member: member.name)
+                try build(message)
+                // The row is the contract: arguments that drift from it fail every test that makes the call.
+                assert(message.signature == member.signature, "\(member.name) built (\(message.signature)), its row says (\(member.signature))")
+                try bus.send(message, timeout: timeout, replyTo: DecodingReply(continuation, decode))
+            } catch {
+                continuation.resume(returning: .failure(BrokerError(error)))
+            }
+        }
+        return try result.get()
     }
 
     /// A session's call whose reply carries nothing to read.
     nonisolated(nonsending) func sessionCall<Member: InterfaceTable>(path: String, _ member: Member, timeout: UInt64 = 0,
                                                                      build: @Sendable (Message) throws(BusError) -> Void = { _ in }) async throws(BrokerError) {
         try await sessionCall(path: path, member, timeout: timeout, build: build, decode: { _ throws(BusError) in })
-    }
-
-    /// Builds, sends and decodes one call in the caller's isolation, which holds the loop
-    /// (`EventLoop.holdsTask`): the actor's, or a task's that prefers the loop.
-    nonisolated(nonsending) private static func send<T, Member: InterfaceTable>(on bus: Bus, to destination: String, path: String, _ member: Member, timeout: UInt64,
-                                                                                build: (Message) throws(BusError) -> Void,
-                                                                                decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
-        let reply: Message
-        do {
-            let message = try bus.newMethodCall(destination: destination, path: path, interface: Member.interfaceName, member: member.name)
-            try build(message)
-            // The row is the contract: arguments that drift from it fail every test that makes the call.
-            assert(message.signature == member.signature, "\(member.name) built (\(message.signature)), its row says (\(member.signature))")
-            reply = try await bus.call(message, timeout: timeout)
-        } catch {
-            throw BrokerError(error)
-        }
-        do {
-            return try decode(reply)
-        } catch {
-            throw BrokerError(.failed, "Malformed reply from the broker: \(error.message)")
-        }
     }
 
     /// Calls a broker method whose reply carries nothing to read.
@@ -173,7 +166,7 @@ public actor BrokerConnection {
     }
 
     private func callManager<T: Sendable>(_ member: ManagerMember, build: (Message) throws(BusError) -> Void = { _ in },
-                                          decode: (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+                                          decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         try await call(path: BrokerNames.managerPath, member, build: build, decode: decode)
     }
 
@@ -597,6 +590,37 @@ public actor BrokerConnection {
         routes[path] = nil
         providers[path] = nil
         running.removeValue(forKey: path)?.values.forEach { $0.cancel() }
+    }
+}
+
+/// The broker this connection found: its unique name, and why it failed once it left the bus.
+private struct BrokerPeer {
+    var name = ""
+    var gone: BrokerError?
+}
+
+/// A broker call's reply, decoded where it arrives, on the loop, by the caller's `decode`; an
+/// error reply, or one `decode` cannot read, as the `BrokerError` the caller throws.
+private final class DecodingReply<T: Sendable>: ReplyHandler {
+    let continuation: UnsafeContinuation<Result<T, BrokerError>, Never>
+    let decode: @Sendable (Message) throws(BusError) -> T
+
+    init(_ continuation: UnsafeContinuation<Result<T, BrokerError>, Never>, _ decode: @escaping @Sendable (Message) throws(BusError) -> T) {
+        self.continuation = continuation
+        self.decode = decode
+    }
+
+    override func received(_ reply: Result<Message, BusError>) {
+        switch reply {
+        case .failure(let error):
+            continuation.resume(returning: .failure(BrokerError(error)))
+        case .success(let message):
+            do {
+                continuation.resume(returning: .success(try decode(message)))
+            } catch {
+                continuation.resume(returning: .failure(BrokerError(.failed, "Malformed reply from the broker: \(error.message)")))
+            }
+        }
     }
 }
 

@@ -40,7 +40,7 @@ public final class DropSession: Sendable {
     /// status lock, six per `update` from a task on the loop; from the main actor, a trip
     /// through the concurrency pool on the way to the loop and another on the way back.
     nonisolated(nonsending) private func call<T: Sendable>(_ member: SessionMember, _ build: @Sendable (Message) throws(BusError) -> Void = { _ in },
-                                                           decode: @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
+                                                           decode: @escaping @Sendable (Message) throws(BusError) -> T) async throws(BrokerError) -> T {
         try await connection.sessionCall(path: path, member, build: build, decode: decode)
     }
 

@@ -126,14 +126,27 @@ public final class Bus: @unchecked Sendable {
         // One allocation per call: the pending reply holds the continuation itself, and sd-bus
         // holds the pending reply until it calls back exactly once.
         await withUnsafeContinuation { continuation in
-            let pending = Unmanaged.passRetained(PendingReply(loop: loop, continuation))
-            let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
-                Unmanaged<PendingReply>.fromOpaque(userdata!).takeRetainedValue().resume(with: reply!)
-                return 0
-            }, pending.toOpaque(), timeout)
-            if r < 0 {
-                pending.takeRetainedValue().continuation.resume(returning: .failure(.system(r, "sd_bus_call_async")))
+            do throws(BusError) {
+                try send(message, timeout: timeout, replyTo: PendingReply(continuation))
+            } catch {
+                continuation.resume(returning: .failure(error))
             }
+        }
+    }
+
+    /// Sends a method call whose reply `handler` receives, on the loop, in sd-bus's reply
+    /// callback: exactly once unless this throws, and then never. The call cannot be cancelled.
+    public func send(_ message: Message, timeout: UInt64 = 0, replyTo handler: ReplyHandler) throws(BusError) {
+        handler.loop = loop
+        let pending = Unmanaged.passRetained(handler)
+        let r = sd_bus_call_async(handle, nil, message.handle, { reply, userdata, _ in
+            let handler = Unmanaged<ReplyHandler>.fromOpaque(userdata!).takeRetainedValue()
+            handler.received(methodResult(borrowing: reply!, loop: handler.loop))
+            return 0
+        }, pending.toOpaque(), timeout)
+        if r < 0 {
+            pending.release()
+            throw BusError.system(r, "sd_bus_call_async")
         }
     }
 
@@ -346,19 +359,31 @@ private func methodResult(borrowing reply: OpaquePointer, loop: EventLoop) -> Re
     return .success(message)
 }
 
+/// What receives a method call's reply sent with `Bus.send(_:timeout:replyTo:)`. A subclass
+/// reads the reply in `received`, on the loop, where the message lives, and lets only what it
+/// read leave: the caller waiting for it may resume anywhere.
+open class ReplyHandler {
+    /// The sending bus's loop, set as the call is sent.
+    fileprivate unowned(unsafe) var loop: EventLoop!
+
+    public init() {}
+
+    /// The reply, an error reply as its error. Like every message it belongs to the loop:
+    /// read it here.
+    open func received(_ reply: Result<Message, BusError>) {}
+}
+
 /// A call awaited by `Bus.call`: the reply is wrapped on the loop and resumed in the caller's
 /// isolation, which is on the loop too (checked there), so it never leaves the loop's thread.
-private final class PendingReply {
-    let loop: EventLoop
+private final class PendingReply: ReplyHandler {
     let continuation: UnsafeContinuation<Result<Message, BusError>, Never>
-    init(loop: EventLoop, _ continuation: UnsafeContinuation<Result<Message, BusError>, Never>) {
-        self.loop = loop
+    init(_ continuation: UnsafeContinuation<Result<Message, BusError>, Never>) {
         self.continuation = continuation
     }
 
-    func resume(with reply: OpaquePointer) {
-        nonisolated(unsafe) let result = methodResult(borrowing: reply, loop: loop)
-        continuation.resume(returning: result)
+    override func received(_ reply: Result<Message, BusError>) {
+        nonisolated(unsafe) let reply = reply
+        continuation.resume(returning: reply)
     }
 }
 

@@ -37,17 +37,40 @@ extension LoopConfinementTests {
     /// before a call and is resumed there by the reply, with no thread in between; a plain
     /// task is resumed on another thread.
     func testATaskPreferringTheConnectionsExecutorRunsItsCallsOnTheLoop() throws {
-        let world = try World()
-        let source = try world.peer("source-app")
-        let destination = try world.peer("destination-app")
-        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"text/plain","text":"hi"}]}]}"#)
-        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
-        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        let (world, source, destination) = try enteredDrop()
+        defer { withExtendedLifetime((world, source)) {} }
         XCTAssertEqual(destination.run("updatethreads copy loop"), "OK copy dragbroker-clie dragbroker-clie")
         let plain = destination.run("updatethreads copy task").split(separator: " ").map(String.init)
         XCTAssertEqual(plain.prefix(2), ["OK", "copy"])
         XCTAssertEqual(plain.count, 4, plain.joined(separator: " "))
         XCTAssertNotEqual(plain.last, "dragbroker-clie", "a plain task is resumed off the loop")
         XCTAssertEqual(destination.run("update copy"), "OK copy", "the session still answers from any task")
+    }
+
+    /// A task on the loop's thread that does not prefer the loop (one started immediately
+    /// there) has its call sent on the spot and its reply resume it on another thread: the
+    /// reply was decoded on the loop, so no message follows it there, and nothing traps.
+    func testACallFromATaskTheLoopWillNotResumeLeavesTheReplyOnTheLoop() throws {
+        let (world, source, destination) = try enteredDrop()
+        defer { withExtendedLifetime((world, source)) {} }
+        for _ in 0..<20 {
+            let answer = destination.run("updatethreads copy immediate").split(separator: " ").map(String.init)
+            XCTAssertEqual(answer.prefix(3), ["OK", "copy", "dragbroker-clie"], answer.joined(separator: " "))
+            XCTAssertEqual(answer.count, 4, answer.joined(separator: " "))
+            XCTAssertNotEqual(answer.last, "dragbroker-clie", "the reply resumes it where it prefers, off the loop")
+        }
+        XCTAssertEqual(destination.run("update copy"), "OK copy")
+        XCTAssertEqual(destination.stderr.all { $0.contains("Fatal error") || $0.contains("precondition") }, [])
+    }
+
+    /// A world, and a source's drag of a text item that the destination entered proposing a copy.
+    private func enteredDrop() throws -> (World, source: Peer, destination: Peer) {
+        let world = try World()
+        let source = try world.peer("source-app")
+        let destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"{"items":[{"name":"x","reps":[{"type":"text/plain","text":"hi"}]}]}"#)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        return (world, source, destination)
     }
 }

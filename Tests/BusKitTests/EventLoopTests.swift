@@ -94,7 +94,8 @@ final class EventLoopTests: XCTestCase {
     /// nonisolated task run on there after `withTaskExecutorPreference` returns, until it next
     /// suspends: a session's call sent on the spot from there had its reply resume it on the
     /// concurrency pool, the reply message with it, which traps in `Message.deinit` off the
-    /// loop. `BrokerConnection.sessionCall` asks `holdsTask` instead of `isCurrent`.)
+    /// loop. `BrokerConnection` therefore decodes each reply in its callback, on the loop, and
+    /// lets only the decoded value resume the caller; `Bus.call` asserts `holdsTask`.)
     func testOnlyATaskThatAReplyResumesOnTheLoopHoldsIt() async throws {
         let loop = try EventLoop()
         loop.start(name: "test-loop")

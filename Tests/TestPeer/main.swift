@@ -190,12 +190,23 @@ final class Peer: Sendable {
             case "update": return "OK " + (try await lastDrop().update(proposing: operation(args[0]))).rawValue
             case "exit": try await lastDrop().exit(); return "OK"
             case "updatethreads":
-                // updatethreads <op> <loop|task>: Update from a task that prefers the connection's
-                // executor, or from a plain task; answers the threads it ran on before and after.
+                // updatethreads <op> <loop|task|immediate>: Update from a task that prefers the
+                // connection's executor, from a plain task, or from a task started immediately on
+                // the loop's thread that does not prefer it (the reply resumes it elsewhere);
+                // answers the threads it ran on before and after.
                 let drop = try lastDrop(), proposal = try operation(args[0])
-                let answer = args[1] == "loop"
-                    ? try await withTaskExecutorPreference(connection.taskExecutor) { try await threadsAround(drop, proposal) }
-                    : try await Task.detached { try await threadsAround(drop, proposal) }.value
+                let answer: String
+                switch args[1] {
+                case "loop":
+                    answer = try await withTaskExecutorPreference(connection.taskExecutor) { try await threadsAround(drop, proposal) }
+                case "immediate":
+                    let task = await withTaskExecutorPreference(connection.taskExecutor) {
+                        Task.immediate { try await threadsAround(drop, proposal) }
+                    }
+                    answer = try await task.value
+                default:
+                    answer = try await Task.detached { try await threadsAround(drop, proposal) }.value
+                }
                 return "OK " + answer
             case "drop": return "OK " + (try await lastDrop().performDrop()).rawValue
             case "load":
