@@ -76,6 +76,9 @@ enum Orchestrator {
         try FileManager.default.createDirectory(at: policy.appendingPathComponent("dragbroker.conf.d"), withIntermediateDirectories: true)
         // The scale section holds 10,000 sessions on one connection: raise the session limits.
         try Scale.policyDropIn.write(to: policy.appendingPathComponent("dragbroker.conf.d/50-bench-scale.conf"), atomically: false, encoding: .utf8)
+        // The first drag, dropped after (d), is loaded from again only in (b) and (a), minutes
+        // later on a slow machine: past `ConcludeTimeoutSec=`'s 60 s, it ended with the run.
+        try Self.deadlineDropIn.write(to: policy.appendingPathComponent("dragbroker.conf.d/50-bench-deadlines.conf"), atomically: false, encoding: .utf8)
         let path = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
 
         let bus = try Child(name: "dbus-daemon", executable: "/usr/bin/dbus-daemon",
@@ -620,6 +623,15 @@ enum Orchestrator {
     /// app's does, from a thread that slept and caches that went cold meanwhile.
     /// `DRAGBROKER_BENCH_PAUSE_US` changes it (0: none, the calls back to back, caches warm),
     /// for the C client too.
+    /// Session deadlines far beyond any run, so that a slow run measures rather than expires.
+    static let deadlineDropIn = """
+        # dragbroker-bench: its drags live as long as a run.
+        [Limits]
+        DragTimeoutSec=3600
+        ConcludeTimeoutSec=3600
+
+        """
+
     static let pauseMicroseconds: UInt64 = ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_PAUSE_US"].flatMap { UInt64($0) } ?? 1000
     static let settleNanoseconds = pauseMicroseconds * 1000
 

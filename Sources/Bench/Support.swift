@@ -125,19 +125,25 @@ final class LineReader: @unchecked Sendable {
     init(_ handle: FileHandle, keep: Int = 2000) {
         self.keep = keep
         let thread = Thread { [self] in
+            // The descriptor's own reads, which retry EINTR: `FileHandle.availableData` traps on
+            // any error, an interrupted read included (seen as the bench's children were signalled).
+            let fd = FileDescriptor(rawValue: handle.fileDescriptor)
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 1)
+            defer { buffer.deallocate() }
             var pending = Data()
-            while true {
-                let chunk = handle.availableData
-                if chunk.isEmpty { break }
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...newline)
-                    condition.lock()
-                    lines.append(line)
-                    if lines.count > keep { lines.removeFirst(lines.count - keep) }
-                    condition.broadcast()
-                    condition.unlock()
+            // The handle owns the descriptor: it stays open while this thread reads it.
+            withExtendedLifetime(handle) {
+                while let count = try? fd.readSome(into: buffer), count > 0 {
+                    pending.append(contentsOf: buffer[..<count])
+                    while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                        let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                        pending.removeSubrange(pending.startIndex...newline)
+                        condition.lock()
+                        lines.append(line)
+                        if lines.count > keep { lines.removeFirst(lines.count - keep) }
+                        condition.broadcast()
+                        condition.unlock()
+                    }
                 }
             }
             condition.lock(); closed = true; condition.broadcast(); condition.unlock()
