@@ -76,8 +76,8 @@ enum Orchestrator {
         try FileManager.default.createDirectory(at: policy.appendingPathComponent("dragbroker.conf.d"), withIntermediateDirectories: true)
         // The scale section holds 10,000 sessions on one connection: raise the session limits.
         try Scale.policyDropIn.write(to: policy.appendingPathComponent("dragbroker.conf.d/50-bench-scale.conf"), atomically: false, encoding: .utf8)
-        // The first drag, dropped after (d), is loaded from again only in (b) and (a), minutes
-        // later on a slow machine: past `ConcludeTimeoutSec=`'s 60 s, it ended with the run.
+        // The first drag, loaded from in (c) and (c'), is loaded from again only in (b) and (a),
+        // minutes later on a slow machine: past `ConcludeTimeoutSec=`'s 60 s, it ended with the run.
         try Self.deadlineDropIn.write(to: policy.appendingPathComponent("dragbroker.conf.d/50-bench-deadlines.conf"), atomically: false, encoding: .utf8)
         let path = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
 
@@ -619,10 +619,6 @@ enum Orchestrator {
         }
     }
 
-    /// The pause before each operation and each echo: 1 ms, so that every call starts as an
-    /// app's does, from a thread that slept and caches that went cold meanwhile.
-    /// `DRAGBROKER_BENCH_PAUSE_US` changes it (0: none, the calls back to back, caches warm),
-    /// for the C client too.
     /// Session deadlines far beyond any run, so that a slow run measures rather than expires.
     static let deadlineDropIn = """
         # dragbroker-bench: its drags live as long as a run.
@@ -632,6 +628,10 @@ enum Orchestrator {
 
         """
 
+    /// The pause before each operation and each echo: 1 ms, so that every call starts as an
+    /// app's does, from a thread that slept and caches that went cold meanwhile.
+    /// `DRAGBROKER_BENCH_PAUSE_US` changes it (0: none, the calls back to back, caches warm),
+    /// for the C client too.
     static let pauseMicroseconds: UInt64 = ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_PAUSE_US"].flatMap { UInt64($0) } ?? 1000
     static let settleNanoseconds = pauseMicroseconds * 1000
 
