@@ -134,7 +134,9 @@ final class LineReader: @unchecked Sendable {
             // The handle owns the descriptor: it stays open while this thread reads it.
             withExtendedLifetime(handle) {
                 while let count = try? fd.readSome(into: buffer), count > 0 {
-                    pending.append(contentsOf: buffer[..<count])
+                    // From the pointer: appending the buffer's slice went through
+                    // `Slice.withUnsafeBytes` and once trapped there ("Index out of bounds").
+                    pending.append(buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count: count)
                     while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
                         let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
                         pending.removeSubrange(pending.startIndex...newline)
