@@ -78,7 +78,7 @@ public actor BrokerConnection {
             broker.withLock { $0.name = name }
             // The unique name is this broker's connection: when it loses its owner, that
             // broker is gone, whether or not another one takes the well-known name.
-            brokerWatch = try bus.watchOwner(of: brokerName) { [unowned self] owner in
+            brokerWatch = try bus.watchOwner(of: name) { [unowned self] owner in
                 guard owner.isEmpty else { return }
                 assumeIsolated { $0.brokerVanished() }
             }
