@@ -24,6 +24,9 @@ final class Registry {
     let types: MimeDatabase
     /// Told of every session event, after the registry has done its own part.
     var onEvent: (Session, SessionEvent) -> Void = { _, _ in }
+    /// What every session reports its events to: one closure shared by all of them, rather than
+    /// a context allocated for each.
+    private lazy var report: (Session, SessionEvent) -> Void = { [unowned self] session, event in deliver(session, event) }
 
     static let sessionIDPrefix = TransferLog.sessionIDPrefix
     private static let pathPrefix = BrokerNames.sessionPath(id: "")
@@ -57,7 +60,7 @@ final class Registry {
         while byToken[token.selector] != nil { token = try SessionToken.random() }
         let id = "\(Self.sessionIDPrefix)\(try sessionNumbers.next())"
         let session = Session(id: id, token: token, source: source, providerPath: providerPath, items: items,
-                              options: options, kind: kind) { [unowned self] session, event in deliver(session, event) }
+                              options: options, kind: kind, report: report)
         byToken[token.selector] = session
         register(session)
         return session
@@ -80,7 +83,7 @@ final class Registry {
         try admitSession(of: caller)
         let paste = Session(id: id, token: try SessionToken.random(), source: entry.source, providerPath: entry.providerPath,
                             items: entry.items, options: entry.options,
-                            kind: .paste(entry: entry.id)) { [unowned self] session, event in deliver(session, event) }
+                            kind: .paste(entry: entry.id), report: report)
         paste.beginPaste(by: caller)
         entry.announce(paste)
         register(paste)

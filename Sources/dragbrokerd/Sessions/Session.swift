@@ -81,8 +81,9 @@ final class Session {
         case drag
         /// On the pasteboard for `lifetime` microseconds from its copy, unless withdrawn first.
         case copy(lifetime: UInt64)
-        /// One paste of the entry with ID `entry`.
-        case paste(entry: String)
+        /// One paste of the entry with ID `entry`. Boxed, so that every session's kind is a word
+        /// and a tag, not two words and a tag.
+        indirect case paste(entry: String)
     }
 
     /// A destination that presented the token.
@@ -110,19 +111,17 @@ final class Session {
         case joined(evicting: String?)
     }
 
+    // The fields of a byte or a few stored together at the end, rather than each padded out to
+    // a word between larger ones: 10,000 live sessions are 10,000 of these.
     let id: String
     let token: SessionToken
     let source: AppIdentity
     let providerPath: String
-    let options: SessionOptions
-    let kind: Kind
     let createdAt: Date
     private(set) var items: [ItemDescriptor]
     /// Listed types a `Load` parsed, by their canonical string, so the next load does not parse
     /// them again; empty (and costing nothing) in a session nobody loads from.
     private var listedTypes: [String: TypeIdentifier] = [:]
-    private(set) var state: State = .active
-    private(set) var operation: DropOperation = .cancel
     private(set) var destinations: [String: Destination] = [:]
     /// The destination that entered last and has not exited: what `dragctl` shows before the
     /// drop. It decides nothing: each destination's calls depend on its own Enter and Exit
@@ -132,20 +131,24 @@ final class Session {
     private(set) var dropDestination: String?
     var dropDestinationApp: String? { dropDestination.flatMap { destinations[$0]?.identity.appID } }
     private(set) var loads: [UInt32: Load] = [:]
-    private var nextLoadID: UInt32 = 1
     /// An entry's pastes so far: each paste's ID is the entry's, `_`, and its number.
     private var pasteCount = 0
     /// Presentations so far, which order `Destination.presented`.
     private var presentations: UInt64 = 0
     /// Bytes of loads already finished, for the session's aggregate progress.
     private(set) var finishedBytes: UInt64 = 0
-    private(set) var isOver = false
     /// The party whose departure ended the session: nobody is left there to tell.
     private(set) var departed: String?
     /// Monotonic microseconds the session's deadline counts from: its beginning while it is
     /// dragged; the drop, or the end of its last load, while it waits for its destination.
     private(set) var deadlineStart = Kernel.monotonicMicroseconds()
     private let report: (Session, SessionEvent) -> Void
+    let kind: Kind
+    let options: SessionOptions
+    private(set) var state: State = .active
+    private(set) var operation: DropOperation = .cancel
+    private(set) var isOver = false
+    private var nextLoadID: UInt32 = 1
 
     init(id: String, token: SessionToken, source: AppIdentity, providerPath: String, items: [ItemDescriptor],
          options: SessionOptions, kind: Kind = .drag, report: @escaping (Session, SessionEvent) -> Void) {
