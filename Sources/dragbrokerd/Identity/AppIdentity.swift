@@ -52,12 +52,17 @@ struct ProcessFacts: Equatable, Sendable {
 
 /// How the daemon sees a bus peer. Built only from kernel-verified credentials and /proc,
 /// and the administrator's policy, never from anything the peer sends.
-struct AppIdentity: Equatable, Sendable {
-    var facts: ProcessFacts
-    var appID: String
-    var team: String?
-    var managed: Bool
-    var source: IdentitySource
+///
+/// A class, so that the sessions, destinations and events of one connection share the
+/// resolver's one copy: a value of these strings and arrays takes 136 bytes inline in every
+/// session that holds it. Immutable, so sharing it shares nothing anyone can change; a new
+/// policy makes new identities, and a session keeps the one it began with.
+final class AppIdentity: Equatable, Sendable {
+    let facts: ProcessFacts
+    let appID: String
+    let team: String?
+    let managed: Bool
+    let source: IdentitySource
 
     var uniqueName: String { facts.uniqueName }
     var pid: pid_t { facts.pid }
@@ -102,7 +107,12 @@ struct AppIdentity: Equatable, Sendable {
     /// unsandboxed app, which can take any ID it likes (copy its binary, name its own scope),
     /// also the one every unsandboxed app of its user shares. A sandbox vouches for its ID,
     /// so a sandboxed app has its app's bucket alone.
-    private(set) var buckets: [Bucket] = []
+    let buckets: [Bucket]
+
+    static func == (a: AppIdentity, b: AppIdentity) -> Bool {
+        a === b || (a.facts == b.facts && a.appID == b.appID && a.team == b.team && a.managed == b.managed
+                    && a.source == b.source && a.buckets == b.buckets)
+    }
 
     /// Same app: same app ID, and a self-chosen one (a unit or scope name) only with another
     /// self-chosen one, so that naming a scope like a registered or sandboxed app does not make
