@@ -269,12 +269,14 @@ public struct MessageWriter: ~Copyable {
         record(sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), contentsPointer), "open container \(type)\(contents)")
     }
 
-    /// For contents known only at run time, such as a property's signature from its table row.
-    public mutating func open(_ type: Unicode.Scalar, _ contents: String) {
+    /// A variant whose signature is known only at run time, such as a property's from its table
+    /// row. Not an overload of `open`: a literal would take a `String` overload over the
+    /// `StaticString` one.
+    public mutating func openVariant(_ signature: String) {
         guard !failed else { return }
         let handle = handle
-        let r = contents.withCString { sd_bus_message_open_container(handle, CChar(UInt8(ascii: type)), $0) }
-        record(r, "open container \(type)\(contents)")
+        let r = signature.withCString { sd_bus_message_open_container(handle, CChar(UInt8(ascii: "v")), $0) }
+        record(r, "open container v\(signature)")
     }
 
     public mutating func close() {

@@ -266,7 +266,7 @@ final class SessionInterface {
         for property in properties {
             w.open("e", "sv")
             w.append(property.name)
-            w.open("v", property.signature)
+            w.openVariant(property.signature)
             property.value(session, &w)
             w.close()
             w.close()
