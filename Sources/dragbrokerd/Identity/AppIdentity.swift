@@ -57,7 +57,7 @@ struct ProcessFacts: Equatable, Sendable {
 /// resolver's one copy: a value of these strings and arrays takes 136 bytes inline in every
 /// session that holds it. Immutable, so sharing it shares nothing anyone can change; a new
 /// policy makes new identities, and a session keeps the one it began with.
-final class AppIdentity: Equatable, Sendable {
+final class AppIdentity: Sendable {
     let facts: ProcessFacts
     let appID: String
     let team: String?
@@ -108,11 +108,6 @@ final class AppIdentity: Equatable, Sendable {
     /// also the one every unsandboxed app of its user shares. A sandbox vouches for its ID,
     /// so a sandboxed app has its app's bucket alone.
     let buckets: [Bucket]
-
-    static func == (a: AppIdentity, b: AppIdentity) -> Bool {
-        a === b || (a.facts == b.facts && a.appID == b.appID && a.team == b.team && a.managed == b.managed
-                    && a.source == b.source && a.buckets == b.buckets)
-    }
 
     /// Same app: same app ID, and a self-chosen one (a unit or scope name) only with another
     /// self-chosen one, so that naming a scope like a registered or sandboxed app does not make

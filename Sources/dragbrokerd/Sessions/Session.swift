@@ -111,8 +111,6 @@ final class Session {
         case joined(evicting: String?)
     }
 
-    // The fields of a byte or a few stored together at the end, rather than each padded out to
-    // a word between larger ones: 10,000 live sessions are 10,000 of these.
     let id: String
     let token: SessionToken
     let source: AppIdentity
@@ -143,6 +141,8 @@ final class Session {
     /// dragged; the drop, or the end of its last load, while it waits for its destination.
     private(set) var deadlineStart = Kernel.monotonicMicroseconds()
     private let report: (Session, SessionEvent) -> Void
+    // The fields of a byte or a few, stored together last rather than each padded out to a word
+    // between larger ones: 10,000 live sessions are 10,000 of these.
     let kind: Kind
     let options: SessionOptions
     private(set) var state: State = .active
