@@ -109,9 +109,9 @@ enum Concurrent {
             let ratio = Orchestrator.median(ratios)
             result.lines.append("  N=\(count): plain median \(format(Orchestrator.median(plainRates))) MiB/s, broker median "
                                 + "\(format(Orchestrator.median(brokerRates))) MiB/s, broker/plain \(format(ratio, 3))")
-            result.lines.append("    plain runs (MiB/s):  \(plainRates.map { format($0) }.joined(separator: " "))")
-            result.lines.append("    broker runs (MiB/s): \(brokerRates.map { format($0) }.joined(separator: " "))")
-            result.lines.append("    plain spliced (MiB/s): \(splicedRates.map { format($0) }.joined(separator: " ")); broker/plain spliced "
+            result.lines.append("    plain runs (MiB/s):  \(format(plainRates))")
+            result.lines.append("    broker runs (MiB/s): \(format(brokerRates))")
+            result.lines.append("    plain spliced (MiB/s): \(format(splicedRates)); broker/plain spliced "
                                 + format(Orchestrator.median(splicedRatios), 3))
             result.lines.append("    CPU seconds over all repetitions: plain \(plainCPU), broker \(brokerCPU), plain spliced \(splicedCPU)")
             result.keys.append("concurrent_\(count)_vs_pipes=\(format(ratio, 3))")

@@ -138,7 +138,7 @@ enum Experiments {
         for (index, variant) in variants.enumerated() {
             let values = rates[index] ?? []
             lines.append("experiment 1 GiB \(variant.0): median \(format(Orchestrator.median(values))) MiB/s "
-                         + "(\(values.map { format($0) }.joined(separator: " ")))")
+                         + "(\(format(values)))")
             lines.append("    last run: \(usages[index] ?? "")")
         }
 

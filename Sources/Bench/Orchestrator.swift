@@ -223,11 +223,10 @@ enum Orchestrator {
         try await connection.reloadPolicy()
         let defaultBursts = try await dragRates(world: world, connection: connection)
         let (failClosedRate, defaultRate) = (median(failClosedBursts), median(defaultBursts))
-        let bursts: ([Double]) -> String = { $0.map { format($0) }.joined(separator: ", ") }
         let rateLines = ["(c'') whole drags in a row (begin → present → enter → drop → 4 KiB load → conclude), "
                             + "\(dragRateBursts) bursts of \(dragRateCount) each; the median burst's rate",
-                         "  FailClosed=yes: \(format(failClosedRate)) drags/s (\(bursts(failClosedBursts))); "
-                            + "FailClosed=no: \(format(defaultRate)) drags/s (\(bursts(defaultBursts)))",
+                         "  FailClosed=yes: \(format(failClosedRate)) drags/s (\(format(failClosedBursts, separator: ", "))); "
+                            + "FailClosed=no: \(format(defaultRate)) drags/s (\(format(defaultBursts, separator: ", ")))",
                          "fail_closed_drags_per_second=\(format(failClosedRate))",
                          "default_drags_per_second=\(format(defaultRate))"]
         // (g) Paste: the same item copied instead of dragged. As for the drop, from Load to the

@@ -67,6 +67,9 @@ func beginSessionCall(on bus: Bus, broker: String, item: ItemDescriptor, provide
 
 func format(_ value: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", value) }
 
+/// Every run's figure, as the bench lists them beside their median.
+func format(_ values: [Double], separator: String = " ") -> String { values.map { format($0) }.joined(separator: separator) }
+
 /// A bus echo with the machinery the client library uses: an actor whose executor is a BusKit
 /// event loop, `Bus.call` with a continuation. sd-bus answers `org.freedesktop.DBus.Peer.Ping`
 /// itself, so this is the bare round trip through dbus-daemon to a peer and back.
