@@ -25,6 +25,12 @@ final class DragctlTests: XCTestCase {
         return String(time.output.0)
     }
 
+    /// dragctl's text without how long ago each time was, nor the padding that moves with it: two
+    /// runs on either side of a second print "(just now)" and "(1s ago)", in wider columns.
+    func withoutHowLongAgo(_ lines: [String]) -> [String] {
+        lines.map { $0.replacing(/\((just now|[0-9]+s ago)\)/, with: "(ago)").replacing(/[ ]+/, with: " ") }
+    }
+
     /// `dragctl monitor --json=short | jq`: each event is a line the moment it happens, not
     /// when the monitor exits and its buffer is flushed.
     func testMonitorJSONReachesAPipeAsItHappens() throws {
