@@ -13,7 +13,7 @@ import SystemPackage
 enum Concurrent {
     static let counts = [4, 16]
     static let size = BenchSizes.mib64
-    static let repetitions = 5
+    static let repetitions = Smoke.pick(5, 1)
     static let budget = 90.0
 
     /// The pipes' ends: this process reads `readEnds`; the source opens `writePaths`.

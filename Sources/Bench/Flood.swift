@@ -9,10 +9,10 @@ import TransferLog
 /// p99 while 64 connections of one other app each make refused calls as fast as they can,
 /// reconnecting every 1,000 calls, for 10 s; against the same p99 measured quiet just before.
 enum Flood {
-    static let connections = 64
+    static let connections = Smoke.pick(64, 4)
     static let callsPerConnection = 1000
-    static let seconds = 10
-    static let quietUpdates = 2000
+    static let seconds = Smoke.pick(10, 1)
+    static let quietUpdates = Smoke.pick(2000, 10)
 
     struct Result {
         var lines: [String]

@@ -13,10 +13,10 @@ enum Orchestrator {
     /// Bounds: every section stops at its count or its time budget, whichever comes first,
     /// and the whole run at the watchdog.
     static let watchdogSeconds = 900.0
-    static let latencyWarmup = 200
-    static let latencyIterations = 3000
+    static let latencyWarmup = Smoke.pick(200, 3)
+    static let latencyIterations = Smoke.pick(3000, 10)
     static let latencyBudget = 30.0
-    static let throughputRepetitions = 7
+    static let throughputRepetitions = Smoke.pick(7, 1)
     static let throughputBudget = 120.0
 
     static func main() async -> Int32 {
@@ -110,7 +110,7 @@ enum Orchestrator {
         let concurrentPipes = try Concurrent.Pipes.make()
         let source = try Child(name: "source", executable: executable,
                                arguments: ["source", "/proc/\(getpid())/fd/\(fds[1])", concurrentPipes.writePaths],
-                               environment: path.merging(["DRAGBROKER_BUS_ADDRESS": address]) { $1 })
+                               environment: path.merging(["DRAGBROKER_BUS_ADDRESS": address]) { $1 }.merging(Smoke.environment) { $1 })
         Cleanup.shared.add(source)
         // Allocating and sealing the 1 GiB memfd takes a moment.
         guard let ready = source.stdout.take(timeout: 120, where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR") }),
@@ -133,6 +133,7 @@ enum Orchestrator {
     }
 
     static func run() async throws -> [String] {
+        if Smoke.isOn { progress("smoke run: every section at a few MiB and a few calls; its figures mean nothing") }
         let loadAverageAtStart = loadAverage()
         let world = try startWorld()
         // For work on the registry: only section (e), without the minute the others take.
@@ -498,8 +499,8 @@ enum Orchestrator {
     /// Drags in a burst, and bursts for each setting. A burst lasts under a second, so one slow
     /// spell on the machine (another process, a commit waiting on the disk) moves its rate by
     /// half; the median of several moves less.
-    static let dragRateCount = 100
-    static let dragRateBursts = 5
+    static let dragRateCount = Smoke.pick(100, 3)
+    static let dragRateBursts = Smoke.pick(5, 2)
 
     /// Drags per second in each burst, each drag whole and one at a time, from the source
     /// process's item.
@@ -563,7 +564,7 @@ enum Orchestrator {
     }
 
     /// Pairs per block when BrokerClient and the C client take turns.
-    static let cBlock = 100
+    static let cBlock = Smoke.pick(100, 5)
 
     /// BrokerClient with `connection`'s loop as the task's executor, as the C client calls from
     /// the thread that reads its replies, against the C client's `kind` of operation, blocking

@@ -14,19 +14,19 @@ enum Scale {
     /// given (per connection and in total) so that one connection may hold them all. The
     /// other sections hold at most a handful of sessions, far below the default limits, so
     /// raising them changes nothing there.
-    static let sessions = 10_000
+    static let sessions = Smoke.pick(10_000, 300)
     static let policyLimit = 20_000
     /// How many sessions the destination presents and proposes to at 10,000.
-    static let sampledSessions = 200
+    static let sampledSessions = Smoke.pick(200, 20)
     /// The smaller level BeginSession is compared against.
-    static let beginLevel = 100
-    static let beginWarmup = 30
-    static let beginIterations = 300
+    static let beginLevel = Smoke.pick(100, 20)
+    static let beginWarmup = Smoke.pick(30, 3)
+    static let beginIterations = Smoke.pick(300, 10)
     static let beginBudget = 30.0
     /// BeginSession calls the source keeps in flight while building up the levels.
     static let setupInFlight = 32
     static let setupBudget = 300.0
-    static let managedObjectsCalls = 5
+    static let managedObjectsCalls = Smoke.pick(5, 2)
     static let managedObjectsBudget = 60.0
     static let disconnectBudget = 60.0
     static let disconnectPollNanoseconds: UInt64 = 500_000
@@ -60,7 +60,7 @@ enum Scale {
         let rssEmpty = residentMiB(world.daemonPID)
 
         let source = try Child(name: "scale-source", executable: executable, arguments: ["scale-source"],
-                               environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "DRAGBROKER_BUS_ADDRESS": world.address])
+                               environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "DRAGBROKER_BUS_ADDRESS": world.address].merging(Smoke.environment) { $1 })
         Cleanup.shared.add(source)
         guard let ready = source.stdout.take(timeout: 30, where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR") }),
               ready.hasPrefix("READY ") else {

@@ -18,13 +18,26 @@ enum BenchTypes {
     static let fileHeld = "application/x-dragbroker-bench-file-held"
 }
 
+/// The sizes the bench moves, as its lines name them; under `Smoke`, a few chunks each.
 enum BenchSizes {
     static let chunk = 1 << 20
     static let small = 4096
-    static let mib64 = 64 << 20
-    static let mib256 = 256 << 20
-    static let gib1 = 1 << 30
-    static let file = 1 << 30
+    static let mib64 = Smoke.pick(64 << 20, 1 << 20)
+    static let mib256 = Smoke.pick(256 << 20, 2 << 20)
+    static let gib1 = Smoke.pick(1 << 30, 4 << 20)
+    static let file = Smoke.pick(1 << 30, 4 << 20)
+}
+
+/// `DRAGBROKER_BENCH_SMOKE=1`: every section once over, at sizes and counts far too small to
+/// measure anything, so that the tests can check on a debug build that `make bench` runs to
+/// its end and prints every key. The figures such a run prints mean nothing.
+enum Smoke {
+    static let variable = "DRAGBROKER_BENCH_SMOKE"
+    static let isOn = ProcessInfo.processInfo.environment[variable] == "1"
+    /// What the bench's own processes (the source, the scale source) inherit it through.
+    static var environment: [String: String] { isOn ? [variable: "1"] : [:] }
+
+    static func pick<T>(_ measuring: T, _ smoke: T) -> T { isOn ? smoke : measuring }
 }
 
 struct BenchError: Error, CustomStringConvertible {
