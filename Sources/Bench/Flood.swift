@@ -6,13 +6,18 @@ import Histogram
 import TransferLog
 
 /// (f) What a flood of refused calls from one app costs another app: the victim's `Update`
-/// p99 while 64 connections of one other app each make refused calls as fast as they can,
-/// reconnecting every 1,000 calls, for 10 s; against the same p99 measured quiet just before.
+/// p99 while 64 connections of one other app each make refused calls as fast as they are
+/// answered, reconnecting every 1,000 calls, against its p99 without them. Quiet and flooded
+/// windows take turns, five of each, so that both percentiles come from the same stretch of
+/// the machine's time: measured one after the other, whatever else the machine did in either
+/// moved the ratio more than the flood did.
 enum Flood {
     static let connections = Smoke.pick(64, 4)
     static let callsPerConnection = 1000
-    static let seconds = Smoke.pick(10, 1)
-    static let quietUpdates = Smoke.pick(2000, 10)
+    /// Windows of each kind, and how long each lasts: ten seconds of flood in all.
+    static let windows = Smoke.pick(5, 1)
+    static let windowSeconds = Smoke.pick(2.0, 0.5)
+    static var seconds: Double { Double(windows) * windowSeconds }
 
     struct Result {
         var lines: [String]
@@ -21,11 +26,6 @@ enum Flood {
 
     /// `update` times one Update round trip of the victim (the orchestrator's drop), in ns.
     static func run(world: Orchestrator.World, update: () async throws -> UInt64) async throws -> Result {
-        var quiet = latencyHistogram()
-        for _ in 0..<quietUpdates {
-            try await Orchestrator.settle()
-            quiet.record(try await update())
-        }
         // The flooder is another app: a copy of this binary at a path of its own.
         let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
         let copy = world.stateDirectory.deletingLastPathComponent().appendingPathComponent("flooder/dragbroker-bench-flooder")
@@ -34,18 +34,35 @@ enum Flood {
         try FileManager.default.copyItem(atPath: executable, toPath: copy.path)
         let refusalsBefore = try refusalRows(world)
         let flooder = try Child(name: "flooder", executable: copy.path,
-                                arguments: ["flood", world.address, "\(connections)", "\(seconds)"],
+                                arguments: ["flood", world.address, "\(connections)"],
                                 environment: ["PATH": "/usr/bin:/bin"])
         Cleanup.shared.add(flooder)
-        guard flooder.stdout.take(timeout: 30, where: { $0 == "FLOODING" || $0.hasPrefix("ERR") }) == "FLOODING" else {
+        func command(_ verb: String, answer: String) throws {
+            try flooder.send(verb)
+            guard flooder.stdout.take(timeout: 60, where: { $0 == answer || $0.hasPrefix("ERR") }) == answer else {
+                throw BenchError("the flooder did not answer `\(verb)`: \(flooder.stdout.tail(3))\n\(flooder.diagnostics())")
+            }
+        }
+        guard flooder.stdout.take(timeout: 30, where: { $0 == "READY" || $0.hasPrefix("ERR") }) == "READY" else {
             throw BenchError("the flooder did not start\n\(flooder.diagnostics())")
         }
-        var flooded = latencyHistogram()
-        let end = monotonicNanos() + UInt64(seconds) * 1_000_000_000
-        while monotonicNanos() < end {
-            try await Orchestrator.settle()
-            flooded.record(try await update())
+        func measure(into histogram: inout Histogram<UInt64>) async throws {
+            let end = monotonicNanos() + UInt64(windowSeconds * 1e9)
+            while monotonicNanos() < end {
+                try await Orchestrator.settle()
+                histogram.record(try await update())
+            }
         }
+        var quiet = latencyHistogram()
+        var flooded = latencyHistogram()
+        for _ in 0..<windows {
+            try await measure(into: &quiet)
+            try command("flood", answer: "FLOODING")
+            try await measure(into: &flooded)
+            // Every refused call answered: the next quiet window has none left in flight.
+            try command("pause", answer: "PAUSED")
+        }
+        try flooder.send("quit")
         guard let done = flooder.stdout.take(timeout: 60, where: { $0.hasPrefix("DONE ") || $0.hasPrefix("ERR") }), done.hasPrefix("DONE ") else {
             throw BenchError("the flooder did not finish\n\(flooder.diagnostics())")
         }
@@ -59,8 +76,9 @@ enum Flood {
         let ratio = flooded.micros(99) / quiet.micros(99)
         return Result(lines: [
             "(f) victim's Update under a flood of refused calls: \(connections) connections of one app, each calling",
-            "    PresentToken with a bad token as fast as it can and reconnecting every \(callsPerConnection) calls, for \(seconds) s:",
-            "    \(calls) refused calls (\(calls / seconds)/s), \(reconnects) reconnections; \(written) refusal rows written to the log",
+            "    PresentToken with a bad token as fast as it is answered and reconnecting every \(callsPerConnection) calls,",
+            "    in \(windows) window\(windows == 1 ? "" : "s") of \(format(windowSeconds)) s, each after a quiet window as long (the connections idle):",
+            "    \(calls) refused calls (\(format(Double(calls) / seconds))/s), \(reconnects) reconnections; \(written) refusal rows written to the log",
             "  quiet (n=\(quiet.totalCount)): p50 \(format(quiet.micros(50))) µs, p99 \(format(quiet.micros(99))) µs",
             "  under the flood (n=\(flooded.totalCount)): p50 \(format(flooded.micros(50))) µs, p99 \(format(flooded.micros(99))) µs",
         ], key: "victim_update_p99_under_flood_vs_quiet=\(format(ratio, 2))")
@@ -72,9 +90,11 @@ enum Flood {
     }
 }
 
-/// The `flood ADDRESS CONNECTIONS SECONDS` role: that many bus connections on one event loop,
-/// each with one refused call in flight at all times, each replaced by a new connection every
-/// `Flood.callsPerConnection` calls. Prints `FLOODING`, then `DONE calls refused reconnects`.
+/// The `flood ADDRESS CONNECTIONS` role: that many bus connections on one event loop, told
+/// on standard input when to flood. `flood`: each connection keeps one refused call in flight
+/// at all times, and is replaced by a new connection every `Flood.callsPerConnection` calls;
+/// answers `FLOODING`. `pause`: no new calls; answers `PAUSED` once every call in flight has
+/// its answer. `quit`: answers `DONE calls refused reconnects` and exits.
 final class FloodRole: @unchecked Sendable {
     private let loop: EventLoop
     private let address: String
@@ -82,10 +102,11 @@ final class FloodRole: @unchecked Sendable {
     private var buses: [Bus?]
     private var pending: [Slot?]
     private var callsOnBus: [Int]
+    private var inFlight = 0
     private var calls = 0
     private var refused = 0
     private var reconnects = 0
-    private var stopping = false
+    private var paused = true
     private var failure: String?
 
     private init(address: String, connections: Int) throws {
@@ -96,29 +117,51 @@ final class FloodRole: @unchecked Sendable {
         callsOnBus = Array(repeating: 0, count: connections)
     }
 
-    static func run(address: String, connections: Int, seconds: Int) -> Never {
+    static func run(address: String, connections: Int) -> Never {
         do {
             let role = try FloodRole(address: address, connections: connections)
             role.loop.start(name: "flood")
-            role.loop.execute {
-                for index in 0..<connections { role.fire(index) }
+            say("READY")
+            while let line = readLine() {
+                switch line {
+                case "flood":
+                    role.onLoop {
+                        role.paused = false
+                        for index in 0..<connections { role.fire(index) }
+                    }
+                    say("FLOODING")
+                case "pause":
+                    role.onLoop { role.paused = true }
+                    while role.onLoop({ role.inFlight > 0 && role.failure == nil }) { usleep(1000) }
+                    say(role.onLoop { role.failure.map { "ERR \($0)" } ?? "PAUSED" })
+                case "quit":
+                    say(role.onLoop {
+                        role.paused = true
+                        return role.failure.map { "ERR \($0)" } ?? "DONE \(role.calls) \(role.refused) \(role.reconnects)"
+                    })
+                    exit(0)
+                default:
+                    say("ERR unknown command \(line)")
+                }
             }
-            say("FLOODING")
-            sleep(UInt32(seconds))
-            let finished = DispatchSemaphore(value: 0)
-            nonisolated(unsafe) var line = ""
-            role.loop.execute {
-                role.stopping = true
-                line = role.failure.map { "ERR \($0)" } ?? "DONE \(role.calls) \(role.refused) \(role.reconnects)"
-                finished.signal()
-            }
-            finished.wait()
-            say(line)
             exit(0)
         } catch {
             say("ERR \(error)")
             exit(1)
         }
+    }
+
+    /// Runs `body` on the loop's thread, where the role's state lives, and waits for it.
+    private func onLoop<T>(_ body: @escaping () -> T) -> T {
+        let finished = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var result: T?
+        nonisolated(unsafe) let body = body
+        loop.execute {
+            result = body()
+            finished.signal()
+        }
+        finished.wait()
+        return result!
     }
 
     /// One line to the orchestrator, at once (stdout is a pipe).
@@ -128,7 +171,7 @@ final class FloodRole: @unchecked Sendable {
 
     /// One refused call on connection `index`, and on its answer the next.
     private func fire(_ index: Int) {
-        guard !stopping else { return }
+        guard !paused, failure == nil else { return }
         do {
             if buses[index] == nil || callsOnBus[index] >= Flood.callsPerConnection {
                 if buses[index] != nil { reconnects += 1 }
@@ -142,14 +185,15 @@ final class FloodRole: @unchecked Sendable {
             try m.append("00")
             callsOnBus[index] += 1
             pending[index] = try bus.callAsync(m) { [unowned self] result in
+                inFlight -= 1
                 calls += 1
                 if case .failure(let error) = result, error.name == BrokerErrorCode.notFound.busName { refused += 1 }
                 // Not from inside the connection's own callback: the next call may replace it.
                 loop.soon { [unowned self] in fire(index) }
             }
+            inFlight += 1
         } catch {
             failure = "\(error)"
-            stopping = true
         }
     }
 }

@@ -376,7 +376,8 @@ enum Orchestrator {
         }
         // (f) Update on a second drag of the source's, quiet and then under a flood of refused
         // calls from another app; after the others, so the flood's aftermath touches none of them.
-        progress("(f) Update p99 quiet, then under a flood of refused calls from \(Flood.connections) connections of another app for \(Flood.seconds) s")
+        progress("(f) Update p99 quiet and under a flood of refused calls from \(Flood.connections) connections of another app, "
+                 + "\(Flood.windows) windows of \(format(Flood.windowSeconds)) s of each in turn")
         let victim = try await connection.presentToken(try world.sourceToken("begin", "the source did not begin a second drag"))
         guard try await victim.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
         let flood = try await Flood.run(world: world) {

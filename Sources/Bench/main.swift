@@ -12,8 +12,8 @@ if arguments.count == 4 && arguments[1] == "source" {
     await SourceRole.run(plainPipePath: arguments[2], concurrentPipePaths: arguments[3].split(separator: ",").map(String.init))
 } else if arguments.count == 2 && arguments[1] == "scale-source" {
     await ScaleSourceRole.run()
-} else if arguments.count == 5 && arguments[1] == "flood", let connections = Int(arguments[3]), let seconds = Int(arguments[4]) {
-    FloodRole.run(address: arguments[2], connections: connections, seconds: seconds)
+} else if arguments.count == 4 && arguments[1] == "flood", let connections = Int(arguments[3]) {
+    FloodRole.run(address: arguments[2], connections: connections)
 } else if arguments.count == 1 {
     exit(await Orchestrator.main())
 } else {
