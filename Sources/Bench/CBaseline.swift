@@ -47,19 +47,17 @@ final class CBaseline {
     /// `pairs` operations, each paired with an echo; recorded, or a warm-up.
     func run(_ kind: String, pairs: Int, recorded: Bool) throws {
         let command = recorded ? "block" : "warmup"
-        try child.send("\(command) \(kind) \(pairs)")
         let ok = "OK \(command) \(kind)"
         let budget = Double(pairs) * 0.1 + 30
-        guard child.stdout.take(timeout: budget, where: { $0 == ok || $0.hasPrefix("ERR") }) == ok else {
+        guard try child.ask("\(command) \(kind) \(pairs)", timeout: budget, answer: { $0 == ok }) != nil else {
             throw BenchError("the C client failed to measure \(kind): \(child.stdout.tail(3))\n\(child.diagnostics())")
         }
     }
 
     /// The percentiles of every pair of `kind` recorded since the last report.
     func report(_ kind: String) throws -> Figures {
-        try child.send("report \(kind)")
         let ok = "OK \(kind) "
-        guard let line = child.stdout.take(timeout: 30, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
+        guard let line = try child.ask("report \(kind)", timeout: 30, answer: { $0.hasPrefix(ok) }) else {
             throw BenchError("the C client did not report \(kind): \(child.stdout.tail(3))\n\(child.diagnostics())")
         }
         let numbers = line.dropFirst(ok.count).split(separator: " ").compactMap { Double($0) }
@@ -70,8 +68,7 @@ final class CBaseline {
     }
 
     func drop() throws {
-        try child.send("drop")
-        guard child.stdout.take(timeout: 20, where: { $0 == "OK drop" || $0.hasPrefix("ERR") }) == "OK drop" else {
+        guard try child.ask("drop", timeout: 20, answer: { $0 == "OK drop" }) != nil else {
             throw BenchError("the C client could not drop: \(child.stdout.tail(3))")
         }
     }

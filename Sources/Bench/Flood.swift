@@ -38,8 +38,7 @@ enum Flood {
                                 environment: ["PATH": "/usr/bin:/bin"])
         Cleanup.shared.add(flooder)
         func command(_ verb: String, answer: String) throws {
-            try flooder.send(verb)
-            guard flooder.stdout.take(timeout: 60, where: { $0 == answer || $0.hasPrefix("ERR") }) == answer else {
+            guard try flooder.ask(verb, timeout: 60, answer: { $0 == answer }) != nil else {
                 throw BenchError("the flooder did not answer `\(verb)`: \(flooder.stdout.tail(3))\n\(flooder.diagnostics())")
             }
         }
@@ -62,8 +61,7 @@ enum Flood {
             // Every refused call answered: the next quiet window has none left in flight.
             try command("pause", answer: "PAUSED")
         }
-        try flooder.send("quit")
-        guard let done = flooder.stdout.take(timeout: 60, where: { $0.hasPrefix("DONE ") || $0.hasPrefix("ERR") }), done.hasPrefix("DONE ") else {
+        guard let done = try flooder.ask("quit", timeout: 60, answer: { $0.hasPrefix("DONE ") }) else {
             throw BenchError("the flooder did not finish\n\(flooder.diagnostics())")
         }
         let counts = done.split(separator: " ").dropFirst().compactMap { Int($0) }

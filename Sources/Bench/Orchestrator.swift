@@ -55,9 +55,8 @@ enum Orchestrator {
         /// Asks the source for another drag or entry (`begin`, `rawbegin`, `copy`) and returns
         /// the token of its `OK <command> <token>` answer; `failure` says what did not happen.
         func sourceToken(_ command: String, _ failure: String) throws -> String {
-            try source.send(command)
             let ok = "OK \(command) "
-            guard let line = source.stdout.take(timeout: 30, where: { $0.hasPrefix(ok) || $0.hasPrefix("ERR") }), line.hasPrefix(ok) else {
+            guard let line = try source.ask(command, timeout: 30, answer: { $0.hasPrefix(ok) }) else {
                 throw BenchError("\(failure)\n\(source.diagnostics())")
             }
             return String(line.dropFirst(ok.count))

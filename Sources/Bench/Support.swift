@@ -267,6 +267,14 @@ final class Child: @unchecked Sendable {
         try input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
     }
 
+    /// Sends `line`, then waits up to `timeout` seconds for its answer: the first line that
+    /// `isAnswer` accepts, or one starting with `ERR`. The answer; nil after `ERR` or none.
+    func ask(_ line: String, timeout: TimeInterval, answer isAnswer: (String) -> Bool) throws -> String? {
+        try send(line)
+        guard let reply = stdout.take(timeout: timeout, where: { isAnswer($0) || $0.hasPrefix("ERR") }), isAnswer(reply) else { return nil }
+        return reply
+    }
+
     func closeInput() {
         try? input.fileHandleForWriting.close()
     }

@@ -52,7 +52,7 @@ final class BenchTests: XCTestCase {
             XCTAssertNotNil(value, line)
             XCTAssertTrue(value.map { $0.isFinite && $0 > 0 } ?? false, "\(line): not a measured figure")
         }
-        XCTAssertTrue(run.stdout.all { $0.hasPrefix("# smoke run:") }.count == 1, "the run does not say its figures mean nothing")
+        XCTAssertEqual(run.stdout.all { $0.hasPrefix("# smoke run:") }.count, 1, "the run does not say its figures mean nothing")
 
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: temporary.path), [], "the bench left files behind")
         let leftovers = try FileManager.default.contentsOfDirectory(atPath: "/proc").filter { $0.allSatisfy(\.isNumber) }.filter { pid in
