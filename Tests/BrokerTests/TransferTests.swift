@@ -100,6 +100,23 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(source.handlerCalls.count, 2, "the source's handler ran for each load")
     }
 
+    /// A stream waits for its load's reply and for its first byte as one wait: cancelling the
+    /// task during it, the source's handler still running, cancels the load, whose verdict the
+    /// stream throws; the broker has then heard of the cancellation, and so has the source.
+    func testCancellingAStreamBeforeItsFirstByteCancelsItsLoad() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, #"{"type":"application/x-stall","size":4096,"stall":true},{"type":"application/x-small","size":4096}"#)
+        destination.send("streamcancel 0 application/x-stall 300")
+        XCTAssertNotNil(source.stdout.take { $0 == "HANDLER 0 application/x-stall" })
+        XCTAssertEqual(destination.stdout.take { $0.hasPrefix("OK") || $0.hasPrefix("ERR") }, err(.cancelled, "The destination cancelled load 1"))
+        XCTAssertNotNil(source.stdout.take { $0.hasPrefix("EVENT loadFinished 1 ") && $0.hasSuffix(BrokerErrorCode.cancelled.busName) })
+        let record = try world.daemon.waitForLog { try $0.loads().first }
+        XCTAssertEqual(record.outcome, "cancelled")
+        XCTAssertEqual(record.bytes, 0)
+        // The drop is as good as before: its next load arrives whole.
+        XCTAssertEqual(destination.run("stream 0 application/x-small"), "OK 4096 pattern")
+    }
+
     /// The threads of process `pid` that the client library names for stream writers.
     private func writerThreads(of pid: pid_t) -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []

@@ -312,6 +312,18 @@ final class Peer: Sendable {
                     break
                 }
                 return "OK \(first)"
+            case "streamcancel":
+                // Iterates a stream in a task of its own and cancels that task `args[2]` ms
+                // later: before its first byte, where the source's handler stalls.
+                let drop = try lastDrop()
+                let task = Task { () throws(BrokerError) -> Int in
+                    var count = 0
+                    for try await chunk in drop.loadStream(item: Int(args[0])!, typeIdentifier: args[1]) { count += chunk.count }
+                    return count
+                }
+                try? await Task.sleep(for: .milliseconds(Int(args[2])!))
+                task.cancel()
+                return "OK \(try await task.value) not cancelled"
             case "loadcheck":
                 // For large loads: the count and whether every byte matches the pattern.
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
