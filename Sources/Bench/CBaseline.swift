@@ -38,7 +38,7 @@ final class CBaseline {
                                       "\(Orchestrator.latencyIterations)", "\(Orchestrator.pauseMicroseconds)"],
                           environment: [:])
         Cleanup.shared.add(child)
-        guard let ready = child.stdout.take(timeout: 20, where: { $0.hasPrefix("READY") || $0.hasPrefix("ERR") }), ready.hasPrefix("READY") else {
+        guard child.answer(timeout: 20, where: { $0.hasPrefix("READY") }) != nil else {
             throw BenchError("the C client did not start: \(child.stdout.tail(3))\n\(child.diagnostics())")
         }
     }

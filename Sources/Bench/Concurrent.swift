@@ -68,7 +68,7 @@ enum Concurrent {
             let received = try await readAll(world.concurrentReadEnds.prefix(count), splicedInto: spliced ? devNull : nil)
             let elapsed = monotonicNanos() - start
             guard received == count * size else { throw BenchError("\(count) plain pipes delivered \(received) bytes") }
-            guard world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK plainmany") || $0.hasPrefix("ERR") })?.hasPrefix("OK") == true else {
+            guard world.source.answer(timeout: 30, where: { $0.hasPrefix("OK plainmany") }) != nil else {
                 throw BenchError("the source failed to write the plain pipes\n\(world.source.diagnostics())")
             }
             return Orchestrator.mibPerSecond(count * size, elapsed)

@@ -42,7 +42,7 @@ enum Flood {
                 throw BenchError("the flooder did not answer `\(verb)`: \(flooder.stdout.tail(3))\n\(flooder.diagnostics())")
             }
         }
-        guard flooder.stdout.take(timeout: 30, where: { $0 == "READY" || $0.hasPrefix("ERR") }) == "READY" else {
+        guard flooder.answer(timeout: 30, where: { $0 == "READY" }) != nil else {
             throw BenchError("the flooder did not start\n\(flooder.diagnostics())")
         }
         func measure(into histogram: inout Histogram<UInt64>) async throws {

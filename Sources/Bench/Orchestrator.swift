@@ -112,8 +112,7 @@ enum Orchestrator {
                                environment: path.merging(["DRAGBROKER_BUS_ADDRESS": address]) { $1 }.merging(Smoke.environment) { $1 })
         Cleanup.shared.add(source)
         // Allocating and sealing the 1 GiB memfd takes a moment.
-        guard let ready = source.stdout.take(timeout: 120, where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR") }),
-              ready.hasPrefix("READY ") else {
+        guard let ready = source.answer(timeout: 120, where: { $0.hasPrefix("READY ") }) else {
             throw BenchError("the source did not start: \(source.stdout.tail(5))\n\(source.diagnostics())\n\(daemon.diagnostics())")
         }
         // From now on only the source holds the write end: if it dies, reads see end of file.
@@ -325,7 +324,7 @@ enum Orchestrator {
             let received = copying ? try await reader.readCopying(size, to: devNull.rawValue) : try await reader.read(size)
             let elapsed = monotonicNanos() - start
             guard received == size else { throw BenchError("the plain pipe delivered \(received) of \(size) bytes") }
-            guard world.source.stdout.take(timeout: 30, where: { $0.hasPrefix("OK plain") || $0.hasPrefix("ERR") })?.hasPrefix("OK") == true else {
+            guard world.source.answer(timeout: 30, where: { $0.hasPrefix("OK plain") }) != nil else {
                 throw BenchError("the source failed to write the plain pipe\n\(world.source.diagnostics())")
             }
             return mibPerSecond(size, elapsed)

@@ -62,8 +62,7 @@ enum Scale {
         let source = try Child(name: "scale-source", executable: executable, arguments: ["scale-source"],
                                environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "DRAGBROKER_BUS_ADDRESS": world.address].merging(Smoke.environment) { $1 })
         Cleanup.shared.add(source)
-        guard let ready = source.stdout.take(timeout: 30, where: { $0.hasPrefix("READY ") || $0.hasPrefix("ERR") }),
-              ready.hasPrefix("READY ") else {
+        guard source.answer(timeout: 30, where: { $0.hasPrefix("READY ") }) != nil else {
             throw BenchError("the scale source did not start: \(source.stdout.tail(5))\n\(source.diagnostics())")
         }
         func command(_ line: String, timeout: TimeInterval) throws -> String {

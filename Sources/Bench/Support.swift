@@ -267,10 +267,15 @@ final class Child: @unchecked Sendable {
         try input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
     }
 
-    /// Sends `line`, then waits up to `timeout` seconds for its answer: the first line that
-    /// `isAnswer` accepts, or one starting with `ERR`. The answer; nil after `ERR` or none.
+    /// Sends `line`, then waits up to `timeout` seconds for its `answer`.
     func ask(_ line: String, timeout: TimeInterval, answer isAnswer: (String) -> Bool) throws -> String? {
         try send(line)
+        return answer(timeout: timeout, where: isAnswer)
+    }
+
+    /// Waits up to `timeout` seconds for the first line that `isAnswer` accepts, or one starting
+    /// with `ERR`. The answer; nil after `ERR` or none.
+    func answer(timeout: TimeInterval, where isAnswer: (String) -> Bool) -> String? {
         guard let reply = stdout.take(timeout: timeout, where: { isAnswer($0) || $0.hasPrefix("ERR") }), isAnswer(reply) else { return nil }
         return reply
     }
