@@ -100,9 +100,9 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(source.handlerCalls.count, 2, "the source's handler ran for each load")
     }
 
-    /// A stream waits for its load's reply and for its first byte as one wait: cancelling the
-    /// task during it, the source's handler still running, cancels the load, whose verdict the
-    /// stream throws; the broker has then heard of the cancellation, and so has the source.
+    /// Cancelling a stream's task while it waits for its first byte (the source's handler still
+    /// running, nothing written) cancels the load: the stream throws the load's verdict, and the
+    /// broker, the source and the log all have it as cancelled.
     func testCancellingAStreamBeforeItsFirstByteCancelsItsLoad() throws {
         let world = try World()
         let (source, destination) = try dropped(world, #"{"type":"application/x-stall","size":4096,"stall":true},{"type":"application/x-small","size":4096}"#)
