@@ -415,7 +415,7 @@ final class SessionInterface {
             emitLoadProgress(session, load)
         case .loadFinished(let load, let error):
             let bytes = load.bytes
-            for party in Set([load.destination.uniqueName, session.source.uniqueName]) where party != session.departed {
+            for party in ends(of: load, in: session) where party != session.departed {
                 emit(session, .loadFinished, to: party) { m throws(BusError) in
                     try m.append(load.id)
                     try m.append(bytes)
@@ -473,6 +473,13 @@ final class SessionInterface {
     }
 
     /// Those who hear the session's signals: the source, then the destinations, less any that left.
+    /// A load's two ends, the destination first, which waits for the news; one when an app
+    /// loads from its own drag.
+    private func ends(of load: Load, in session: Session) -> [String] {
+        let destination = load.destination.uniqueName, source = session.source.uniqueName
+        return destination == source ? [destination] : [destination, source]
+    }
+
     private func parties(_ session: Session) -> [String] {
         ([session.source.uniqueName] + session.destinations.keys.filter { $0 != session.source.uniqueName }.sorted())
             .filter { $0 != session.departed }
@@ -511,7 +518,7 @@ final class SessionInterface {
     private func emitLoadProgress(_ session: Session, _ load: Load) {
         let bytes = load.bytes
         let expected = load.expected ?? 0
-        for party in Set([load.destination.uniqueName, session.source.uniqueName]) {
+        for party in ends(of: load, in: session) {
             emit(session, .loadProgress, to: party) { m throws(BusError) in
                 try m.append(load.id)
                 try m.append(bytes)
