@@ -69,6 +69,9 @@ private final class LoadReader: @unchecked Sendable {
     /// Watches a data load's pipe on the loop while its head is read there; released on the
     /// loop (BusKit checks), and held nowhere else.
     private var watch: ReadinessWatch?
+    /// The watch's release was handed to the loop's queue from another thread: the pipe may
+    /// then be closed only through that queue too, behind the release.
+    private var releaseQueued = false
 
     init(session: DropSession, item: Int, typeIdentifier: String) {
         self.session = session
@@ -165,20 +168,28 @@ private final class LoadReader: @unchecked Sendable {
     }
 
     /// Lets go of the pipe's watch on the loop's thread, where BusKit lets it go (here, or
-    /// through the loop's queue), then closes `fd` if given.
+    /// through the loop's queue), then closes `fd` if given. Once a release went through the
+    /// queue, so does the close, even from the loop's thread: the queue runs in order, and a
+    /// close that overtook the release would leave the watch on a closed descriptor (BusKit
+    /// traps) or on whatever pipe next takes its number.
     private func releaseWatch(thenClosing fd: FileDescriptor? = nil) {
-        guard watch != nil, !session.loop.isCurrent else {
+        guard watch != nil || (releaseQueued && fd != nil) else {
+            fd?.closeQuietly()
+            return
+        }
+        if session.loop.isCurrent && !releaseQueued {
             watch = nil
             fd?.closeQuietly()
             return
         }
         // A reference of its own, the last, for the loop to let go of: no reference this
         // thread holds may be the last, even if the loop is quicker than this function.
-        let last = Unmanaged.passRetained(watch!)
+        let last = watch.map { Unmanaged.passRetained($0) }
         watch = nil
+        releaseQueued = true
         nonisolated(unsafe) let released = last
         session.loop.execute {
-            released.release()
+            released?.release()
             fd?.closeQuietly()
         }
     }

@@ -117,6 +117,21 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(destination.run("stream 0 application/x-small"), "OK 4096 pattern")
     }
 
+    /// A stream read from a task off the connection's loop reads its first MiB on the loop,
+    /// then hands the pipe's watch back to the loop's queue and reads the rest itself. Here the
+    /// loop is kept busy meanwhile, so the stream reaches its end before the loop can let go of
+    /// the watch: the pipe must not be closed first (the watch would sit on a closed
+    /// descriptor, which BusKit stops the app for, or on the next pipe given its number).
+    func testAStreamThatLeavesTheLoopClosesItsPipeOnlyAfterTheLoopLetGoOfItsWatch() throws {
+        let world = try World()
+        let (source, destination) = try dropped(world, #"{"type":"application/x-mib","size":1048576},{"type":"application/x-more","size":3145728}"#)
+        XCTAssertEqual(destination.run("streamloopbusy 0 application/x-mib 300"), "OK 1048576 pattern")
+        XCTAssertEqual(destination.run("streamloopbusy 0 application/x-more 300"), "OK 3145728 pattern")
+        // The same connection goes on: its loop and its next pipes are as good as before.
+        XCTAssertEqual(destination.run("stream 0 application/x-mib"), "OK 1048576 pattern")
+        XCTAssertEqual(source.handlerCalls.count, 3)
+    }
+
     /// The threads of process `pid` that the client library names for stream writers.
     private func writerThreads(of pid: pid_t) -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []

@@ -304,6 +304,27 @@ final class Peer: Sendable {
                     }
                 }
                 return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+            case "streamloopbusy":
+                // Loads as a stream from this task, off the connection's loop; once the first
+                // MiB (the head, read on the loop) is in, keeps the loop busy for `args[2]` ms
+                // while the rest, and the stream's end, are read here.
+                var data = Data()
+                var busied = false
+                for try await chunk in try lastDrop().loadStream(item: Int(args[0])!, typeIdentifier: args[1]) {
+                    data += chunk
+                    guard !busied, data.count >= 1 << 20 else { continue }
+                    busied = true
+                    let milliseconds = UInt32(args[2])!
+                    await withCheckedContinuation { (running: CheckedContinuation<Void, Never>) in
+                        Task {
+                            await withTaskExecutorPreference(connection.taskExecutor) {
+                                running.resume()
+                                usleep(milliseconds * 1000)
+                            }
+                        }
+                    }
+                }
+                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
             case "streambreak":
                 // Reads the first chunk, then leaves the loop.
                 var first = 0
