@@ -472,7 +472,6 @@ final class SessionInterface {
         }
     }
 
-    /// Those who hear the session's signals: the source, then the destinations, less any that left.
     /// A load's two ends, the destination first, which waits for the news; one when an app
     /// loads from its own drag.
     private func ends(of load: Load, in session: Session) -> [String] {
@@ -480,6 +479,7 @@ final class SessionInterface {
         return destination == source ? [destination] : [destination, source]
     }
 
+    /// Those who hear the session's signals: the source, then the destinations, less any that left.
     private func parties(_ session: Session) -> [String] {
         ([session.source.uniqueName] + session.destinations.keys.filter { $0 != session.source.uniqueName }.sorted())
             .filter { $0 != session.departed }
