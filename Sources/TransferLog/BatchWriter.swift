@@ -215,7 +215,7 @@ final class BatchWriter: @unchecked Sendable {
             GapRecord(recordedAt: Date(), firstLostAt: loss.first, lastLostAt: loss.last, lost: Int64(loss.count), reason: reason)
         }.sorted { $0.firstLostAt < $1.firstLostAt }
         do {
-            let written = try pool.writeWithoutTransaction { db in try Self.transaction(db) { () throws -> [GapRecord] in
+            let written = try write { db -> [GapRecord] in
                 for submission in batch { try submission.entry.write(db) }
                 for mark in marks.values { try mark.writeCheckpoint(db) }
                 return try gaps.map { gap in
@@ -223,7 +223,7 @@ final class BatchWriter: @unchecked Sendable {
                     try gap.insert(db)
                     return gap
                 }
-            } }
+            }
             succeeded(batch, gaps: written, counted: counted)
             wrote(batch.count + marks.count + written.count)
         } catch where Self.passes(error) {
@@ -233,19 +233,21 @@ final class BatchWriter: @unchecked Sendable {
         }
     }
 
-    /// A write transaction whose BEGIN and COMMIT are statements prepared once and kept with
-    /// the connection. GRDB's `write` parses both for every transaction, which cost the writer
-    /// as much as the rows it wrote; everything else is as it does: BEGIN IMMEDIATE, and a
+    /// `pool.write`, with BEGIN and COMMIT as statements prepared once and kept with the
+    /// connection: GRDB's `write` parses both for every transaction, which cost the writer as
+    /// much as the rows it wrote. Everything else is as it does: BEGIN IMMEDIATE, and a
     /// rollback on any failure, which throws the first error.
-    static func transaction<T>(_ db: Database, _ body: () throws -> T) throws -> T {
-        try db.cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
-        do {
-            let result = try body()
-            try db.cachedStatement(sql: "COMMIT TRANSACTION").execute()
-            return result
-        } catch {
-            try? db.rollback()
-            throw error
+    private func write<T>(_ body: (Database) throws -> T) throws -> T {
+        try pool.writeWithoutTransaction { db in
+            try db.cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
+            do {
+                let result = try body(db)
+                try db.cachedStatement(sql: "COMMIT TRANSACTION").execute()
+                return result
+            } catch {
+                try? db.rollback()
+                throw error
+            }
         }
     }
 
@@ -309,7 +311,7 @@ final class BatchWriter: @unchecked Sendable {
         var firstRejection: (any Error)?
         for (index, submission) in batch.enumerated() {
             do {
-                try pool.write { try submission.entry.write($0) }
+                try write { try submission.entry.write($0) }
                 lock.withLock { if !submission.mustCommit { kept -= 1 } }
                 submission.committed?(true)
             } catch where Self.passes(error) {
@@ -326,7 +328,7 @@ final class BatchWriter: @unchecked Sendable {
             }
         }
         // A checkpoint SQLite refuses is superseded by the load's end anyway.
-        for mark in marks.values { try? pool.write { try mark.writeCheckpoint($0) } }
+        for mark in marks.values { try? write { try mark.writeCheckpoint($0) } }
         scheduleSync()
         if rejected > 0 {
             let failure = TransferLogWriteFailure(underlying: firstRejection ?? batchError, droppedEntries: rejected)
