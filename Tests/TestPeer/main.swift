@@ -71,6 +71,11 @@ func patternBytes(_ size: Int) -> Data {
     return data
 }
 
+/// A load's answer line: its size, and whether every byte is the pattern's.
+func patternReport(_ data: Data) -> String {
+    "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+}
+
 func describe(_ error: Error) -> String {
     if let error = error as? BrokerError { return "ERR \(error.code.busName) \(error.message)" }
     return "ERR unexpected \(error)"
@@ -250,7 +255,7 @@ final class Peer: Sendable {
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1]) { bytes, expected in
                     emit("PROGRESS \(bytes) \(expected.map(String.init) ?? "-")")
                 }
-                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+                return patternReport(data)
             case "loadcancel":
                 // Cancels the loading task once `args[2]` bytes have arrived.
                 let threshold = UInt64(args[2])!
@@ -281,7 +286,7 @@ final class Peer: Sendable {
                     data += chunk
                     chunks += 1
                 }
-                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+                return patternReport(data)
             case "streamslow":
                 // Reads the first chunk, pauses `args[2]` ms, then the rest. MOVED: the most
                 // bytes the broker had moved, by its progress reports, when the pause ended.
@@ -303,7 +308,7 @@ final class Peer: Sendable {
                         emit("MOVED \(moved.withLock { $0 })")
                     }
                 }
-                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+                return patternReport(data)
             case "streamloopbusy":
                 // Loads as a stream from this task, off the connection's loop; once the first
                 // MiB (the head, read on the loop) is in, keeps the loop busy for `args[2]` ms
@@ -324,7 +329,7 @@ final class Peer: Sendable {
                         }
                     }
                 }
-                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+                return patternReport(data)
             case "streambreak":
                 // Reads the first chunk, then leaves the loop.
                 var first = 0
@@ -348,7 +353,7 @@ final class Peer: Sendable {
             case "loadcheck":
                 // For large loads: the count and whether every byte matches the pattern.
                 let data = try await lastDrop().loadData(item: Int(args[0])!, typeIdentifier: args[1])
-                return "OK \(data.count) \(data == patternBytes(data.count) ? "pattern" : "mismatch")"
+                return patternReport(data)
             case "conclude": try await lastDrop().conclude(); return "OK"
             case "whoami":
                 let identity = try await connection.whoAmI()
