@@ -362,7 +362,11 @@ public actor BrokerConnection {
             fd.closeQuietly()
             throw BrokerError(.notFound, "No representation '\(type)' for item \(item)").busError
         }
-        noteLoadRequested(sessionPath, load, item, type)
+        // The app hears of the request once the bytes are on their way: the event is no part
+        // of serving them, and yielding it (a generic stream's locked buffer, a waiting reader
+        // woken) would delay every load by as much.
+        let note = loadRequestedNote(sessionPath, load, item, type)
+        defer { note.map(loop.execute) }
         // Bytes already held that the fresh pipe takes at once: written and answered now, on
         // the loop, with no task and no thread hop.
         if case .bytes(let data) = provision, data.count < Self.announcedSize {
@@ -435,12 +439,15 @@ public actor BrokerConnection {
             handler = fileHandler
         case .heldFile(let held):
             // Answered now, on the loop: sd-bus sends a duplicate, and the provider keeps its own.
-            noteLoadRequested(sessionPath, load, item, type)
-            return replyWithFile(call, held.descriptor, sessionPath, load)
+            replyWithFile(call, held.descriptor, sessionPath, load)
+            loadRequestedNote(sessionPath, load, item, type)?()
+            return
         case .data, .stream, .bytes, nil:
             throw BrokerError(.notFound, "No file representation '\(type)' for item \(item)").busError
         }
-        noteLoadRequested(sessionPath, load, item, type)
+        // As for data (`provide`): the handler's task, queued on the loop first, starts first.
+        let note = loadRequestedNote(sessionPath, load, item, type)
+        defer { note.map(loop.execute) }
         let task = Task {
             do {
                 let file = try await handler()
@@ -462,11 +469,12 @@ public actor BrokerConnection {
         return (try m.readObjectPath(), try m.readUInt32(), try m.readString(), try m.readUInt32())
     }
 
-    private func noteLoadRequested(_ sessionPath: String, _ load: UInt32, _ item: UInt32, _ type: String) {
+    /// Tells the app's session (its `events`) that the broker asked for a load, when called.
+    private func loadRequestedNote(_ sessionPath: String, _ load: UInt32, _ item: UInt32, _ type: String) -> (@Sendable () -> Void)? {
         switch routes[sessionPath]?.role {
-        case .source(let session): session.noteLoadRequested(load: load, item: Int(item), type: type)
-        case .paste(let entry): entry.noteLoadRequested(paste: sessionPath, load: load, item: Int(item), type: type)
-        case .pasteboard, .destination, nil: break
+        case .source(let session): { session.noteLoadRequested(load: load, item: Int(item), type: type) }
+        case .paste(let entry): { entry.noteLoadRequested(paste: sessionPath, load: load, item: Int(item), type: type) }
+        case .pasteboard, .destination, nil: nil
         }
     }
 

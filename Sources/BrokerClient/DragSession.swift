@@ -3,7 +3,8 @@ import BusKit
 
 /// What the source hears about its drag, in order.
 public enum DragSessionEvent: Sendable, Equatable {
-    /// The destination asked for a representation; its load handler is running.
+    /// The destination asked for a representation; its load handler is running, or what was
+    /// registered ready (bytes, a file) is on its way already. Before the load's `loadFinished`.
     case loadRequested(load: UInt32, item: Int, typeIdentifier: String)
     /// Bytes of a load that reached the broker so far, and the total if it is known.
     case loadProgress(load: UInt32, bytes: UInt64, expected: UInt64?)

@@ -5,7 +5,8 @@ import BusKit
 public enum PasteboardEntryEvent: Sendable, Equatable {
     /// An app pasted the entry: each paste is a session of its own (`paste`, its path).
     case pasted(paste: String, app: String)
-    /// A paste asked for a representation; its load handler is running.
+    /// A paste asked for a representation; its load handler is running, or what was registered
+    /// ready (bytes, a file) is on its way already. Before the load's `loadFinished`.
     case loadRequested(paste: String, load: UInt32, item: Int, typeIdentifier: String)
     /// A paste's load ended; `error` says why when it did not complete.
     case loadFinished(paste: String, load: UInt32, bytes: UInt64, error: BrokerError?)

@@ -117,6 +117,39 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(destination.run("stream 0 application/x-small"), "OK 4096 pattern")
     }
 
+    /// The source's app hears of each load it is asked for (`loadRequested`) before it hears
+    /// of its end, whichever way the representation is served: bytes held, written at once on
+    /// the loop; a data handler's task; a file handler's task; a file held, answered at once.
+    /// The library tells the app only once the bytes are on their way, so the order is the
+    /// library's to keep.
+    func testTheSourceHearsOfEachLoadBeforeItsEndHoweverItIsServed() throws {
+        let world = try World()
+        let source = try world.peer("source-app"), destination = try world.peer("destination-app")
+        let (token, path) = try source.begin(#"""
+            {"requests":true,"items":[{"reps":[{"type":"text/plain","text":"held","ready":true},\#
+            {"type":"application/x-handler","size":4096},{"type":"application/x-file","kind":"file","text":"handed"},\#
+            {"type":"application/x-held","kind":"file","text":"kept","ready":true}]}]}
+            """#)
+        XCTAssertEqual(destination.run("present \(token)"), "OK \(path)")
+        XCTAssertEqual(destination.run("enter copy"), "OK copy")
+        XCTAssertEqual(destination.run("drop"), "OK copy")
+        XCTAssertEqual(destination.run("load 0 text/plain"), "OK 4 \(base64("held"))")
+        XCTAssertEqual(destination.run("stream 0 application/x-handler"), "OK 4096 pattern")
+        XCTAssertEqual(destination.run("loadfile 0 application/x-file"), "OK 6 readonly \(base64("handed"))")
+        XCTAssertEqual(destination.run("loadfile 0 application/x-held"), "OK 4 readonly \(base64("kept"))")
+        let deadline = Date().addingTimeInterval(20)
+        while source.stdout.all(where: { $0.hasPrefix("EVENT load") }).count < 8 && Date() < deadline { usleep(20_000) }
+        XCTAssertEqual(source.stdout.all { $0.hasPrefix("EVENT load") }, [
+            "EVENT loadRequested 1 0 text/plain", "EVENT loadFinished 1 4 -",
+            "EVENT loadRequested 2 0 application/x-handler", "EVENT loadFinished 2 4096 -",
+            "EVENT loadRequested 3 0 application/x-file", "EVENT loadFinished 3 6 -",
+            "EVENT loadRequested 4 0 application/x-held", "EVENT loadFinished 4 4 -",
+        ])
+        XCTAssertEqual(source.handlerCalls, ["HANDLER 0 application/x-handler", "HANDLER 0 application/x-file"])
+    }
+
+    private func base64(_ text: String) -> String { Data(text.utf8).base64EncodedString() }
+
     /// A stream read from a task off the connection's loop reads its first MiB on the loop,
     /// then hands the pipe's watch back to the loop's queue and reads the rest itself. Here the
     /// loop is kept busy meanwhile, so the stream reaches its end before the loop can let go of

@@ -60,6 +60,8 @@ struct BeginSpec: Decodable {
     var expiration: UInt32?
     /// Nobody reads the drag's or the entry's events until `readsourceevents`.
     var unread: Bool?
+    /// A drag's `loadRequested` events are printed too, as EVENT lines.
+    var requests: Bool?
 }
 
 /// Byte i is (i * 31 + 7) mod 256: a 256-byte cycle, repeated.
@@ -548,9 +550,11 @@ final class Peer: Sendable {
             items: items, options: SessionOptions(restrictedToApp: spec.restricted ?? false, allowsMove: spec.allowsMove ?? false))
         drags.withLock { $0.append(session) }
         if spec.unread == true { return "OK \(session.token) \(session.path)" }
+        let requests = spec.requests ?? false
         Task {
             for await event in session.events {
                 switch event {
+                case .loadRequested where requests: emit("EVENT \(describe(event))")
                 case .loadRequested, .loadProgress: break  // HANDLER lines say when handlers run
                 case .ended(_, let error?):
                     emit("EVENT \(describe(event))")
