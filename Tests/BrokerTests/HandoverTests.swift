@@ -16,8 +16,6 @@ final class HandoverTests: XCTestCase {
         XCTAssertEqual(destination.run("drop"), "OK copy")
     }
 
-    private func base64(_ text: String) -> String { Data(text.utf8).base64EncodedString() }
-
     /// One user: what the descriptor is decides, not where it came from.
     func testTheDescriptorItselfDecides() throws {
         let world = try World()

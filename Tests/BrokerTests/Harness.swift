@@ -358,6 +358,17 @@ final class Peer: Child {
 
     var handlerCalls: [String] { stdout.all { $0.hasPrefix("HANDLER ") } }
 
+    /// This peer's lines that start with `prefix`, once `count` have arrived (or after 20 s):
+    /// another peer's answer can overtake this peer's line.
+    func lines(startingWith prefix: String, count: Int) -> [String] {
+        let deadline = Date().addingTimeInterval(20)
+        while true {
+            let lines = stdout.all { $0.hasPrefix(prefix) }
+            if lines.count >= count || Date() > deadline { return lines }
+            usleep(20_000)
+        }
+    }
+
     /// Begins a drag from a JSON spec; returns the token.
     func begin(_ json: String) throws -> (token: String, path: String) {
         let answer = run("begin " + json)
@@ -424,6 +435,9 @@ final class World {
         }
     }
 }
+
+/// What the test peer prints for bytes that are text: their base64.
+func base64(_ text: String) -> String { Data(text.utf8).base64EncodedString() }
 
 /// The line a peer prints for a failed call.
 func err(_ code: BrokerErrorCode, _ message: String) -> String {

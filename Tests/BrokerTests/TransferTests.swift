@@ -137,9 +137,7 @@ final class TransferTests: XCTestCase {
         XCTAssertEqual(destination.run("stream 0 application/x-handler"), "OK 4096 pattern")
         XCTAssertEqual(destination.run("loadfile 0 application/x-file"), "OK 6 readonly \(base64("handed"))")
         XCTAssertEqual(destination.run("loadfile 0 application/x-held"), "OK 4 readonly \(base64("kept"))")
-        let deadline = Date().addingTimeInterval(20)
-        while source.stdout.all(where: { $0.hasPrefix("EVENT load") }).count < 8 && Date() < deadline { usleep(20_000) }
-        XCTAssertEqual(source.stdout.all { $0.hasPrefix("EVENT load") }, [
+        XCTAssertEqual(source.lines(startingWith: "EVENT load", count: 8), [
             "EVENT loadRequested 1 0 text/plain", "EVENT loadFinished 1 4 -",
             "EVENT loadRequested 2 0 application/x-handler", "EVENT loadFinished 2 4096 -",
             "EVENT loadRequested 3 0 application/x-file", "EVENT loadFinished 3 6 -",
@@ -147,8 +145,6 @@ final class TransferTests: XCTestCase {
         ])
         XCTAssertEqual(source.handlerCalls, ["HANDLER 0 application/x-handler", "HANDLER 0 application/x-file"])
     }
-
-    private func base64(_ text: String) -> String { Data(text.utf8).base64EncodedString() }
 
     /// A stream read from a task off the connection's loop reads its first MiB on the loop,
     /// then hands the pipe's watch back to the loop's queue and reads the rest itself. Here the

@@ -74,7 +74,7 @@ final class TypedObjectTests: XCTestCase {
             + "{\"contents\":\"\(base64("not really a png"))\",\"name\":\"photo.png\",\"temporary\":\"true\"},"
             + #"{"contents":"","name":"backup.TAR.GZ","temporary":"true"},"#
             + #"{"contents":"","name":"blob.zzqx","temporary":"true"}]"#)
-        XCTAssertEqual(source.loadRequests(4), [
+        XCTAssertEqual(source.lines(startingWith: "EVENT loadRequested", count: 4), [
             "EVENT loadRequested 1 0 application/octet-stream", "EVENT loadRequested 2 1 image/png",
             "EVENT loadRequested 3 2 application/x-compressed-tar", "EVENT loadRequested 4 3 application/octet-stream",
         ], "the String load asked the source for nothing")
@@ -159,13 +159,9 @@ final class TypedObjectTests: XCTestCase {
         XCTAssertEqual(stranger.run("drop"), "OK copy")
         XCTAssertEqual(stranger.run("loadobjects String"), #"OK ["for everyone"]"#)
         XCTAssertEqual(stranger.run("loadobjects Data"), "OK [\"\(base64("for everyone"))\"]")
-        XCTAssertEqual(source.loadRequests(2), [
+        XCTAssertEqual(source.lines(startingWith: "EVENT loadRequested", count: 2), [
             "EVENT loadRequested 1 1 text/plain;charset=utf-8", "EVENT loadRequested 2 1 text/plain;charset=utf-8",
         ], "item 1 in the source's numbering, twice; item 0 never")
-    }
-
-    private func base64(_ text: String) -> String {
-        Data(text.utf8).base64EncodedString()
     }
 }
 
@@ -176,16 +172,5 @@ extension Peer {
         let parts = answer.split(separator: " ")
         guard parts.count == 3, parts[0] == "OK" else { throw HarnessError("beginobjects failed: \(answer)") }
         return (String(parts[1]), String(parts[2]))
-    }
-
-    /// The source's `loadRequested` lines once `count` have arrived (or after 20 s): the
-    /// destination's answer can overtake the source's line.
-    func loadRequests(_ count: Int) -> [String] {
-        let deadline = Date().addingTimeInterval(20)
-        while true {
-            let lines = stdout.all { $0.hasPrefix("EVENT loadRequested") }
-            if lines.count >= count || Date() > deadline { return lines }
-            usleep(20_000)
-        }
     }
 }
