@@ -50,7 +50,8 @@ final class Daemon {
         self.policyDirectory = policyDirectory
         registry = Registry(policy: policy, types: types, sessionNumbers: sessionNumbers)
         audit = AuditSink(transferLog: transferLog, ledger: ledger, monitors: Monitors(bus: bus, logger: logger), loop: bus.loop, logger: logger)
-        dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger, delayed: DelayedRefusals(loop: bus.loop))
+        dispatcher = Dispatcher(audit: audit, identities: registry.identities, logger: logger, delayed: DelayedRefusals(loop: bus.loop),
+                                afterReplies: AfterReplies(loop: bus.loop))
         descriptors = ClientDescriptors(workers: BlockingWorkers(bounds: Limits(policy.limits).descriptorThreads), bus: bus)
         applyBounds(of: policy)
     }
@@ -203,6 +204,7 @@ final class Daemon {
     /// Ends every session with a reason and flushes the transfer log.
     func shutdown() {
         ServiceManager.notify("STOPPING=1\nSTATUS=Ending \(registry.count) session(s)")
+        dispatcher.afterReplies.runAll()
         registry.endAll(BrokerError(.cancelled, "The broker is shutting down"))
         audit.summarizeSuppressedRefusals()
         dispatcher.delayed.answerAll()

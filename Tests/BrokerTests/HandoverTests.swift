@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BusKit
 import Foundation
 import XCTest
 
@@ -53,6 +54,56 @@ final class HandoverTests: XCTestCase {
                            err(.providerFailed, "The source handed over a file open for writing: open it read-only, or pass a sealed memfd"))
         }
         XCTAssertEqual(source.handlerCalls, [])
+    }
+
+    /// A file load's end (its record, `LoadFinished`) waits while the reply travels, but never
+    /// past the destination's next call: loads back to back, each asked for as soon as the last
+    /// one's reply is in, under a limit of one load in flight, are all served. The destination
+    /// hears each load's `LoadFinished` before the answer to its next call, and the log has every
+    /// load delivered with its size.
+    func testAFileLoadHasEndedByTheDestinationsNextCall() throws {
+        let world = try World(policy: { _ in "[Limits]\nConcurrentLoadsPerSession=1\n" })
+        let source = try world.peer("source-app")
+        let (token, path) = try source.begin(
+            #"{"items":[{"name":"x","reps":[{"type":"text/plain","kind":"file","file":"shm","text":"twelve bytes","ready":true}]}]}"#)
+        let probe = try BusProbe(address: world.bus.address)
+        var heard: [String] = []
+        let match = try probe.bus.matchSignal(sender: nil, path: path, interface: BrokerNames.sessionInterface, member: "LoadFinished") { m in
+            let load = (try? m.readUInt32()).map(String.init) ?? "?"
+            let bytes = (try? m.readUInt64()).map(String.init) ?? "?"
+            let error = (try? m.readString()) ?? "?"
+            heard.append("LoadFinished \(load) \(bytes) \(error)")
+        }
+        defer { withExtendedLifetime(match) {} }
+        func call(_ member: String, _ build: @escaping @Sendable (Message) throws(BusError) -> Void = { _ in }) -> Result<Message, BusError> {
+            probe.call(BrokerNames.busName, path, BrokerNames.sessionInterface, member, build)
+        }
+        XCTAssertEqual(probe.call(BrokerNames.busName, BrokerNames.managerPath, BrokerNames.managerInterface, "PresentToken") { m throws(BusError) in
+            try m.append(token)
+        }.errorName, "OK")
+        XCTAssertEqual(call("Enter") { m throws(BusError) in try m.append("copy") }.errorName, "OK")
+        XCTAssertEqual(call("PerformDrop").errorName, "OK")
+        let loads = 20
+        for load in 1...loads {
+            let reply = call("Load") { m throws(BusError) in
+                try m.append(UInt32(0))
+                try m.append("text/plain")
+            }
+            guard case .success(let message) = reply else { return XCTFail("load \(load): \(reply.errorName)") }
+            close(try message.readFileDescriptor())
+            heard.append("Load reply \(try message.readUInt32())")
+        }
+        XCTAssertEqual(call("Conclude").errorName, "OK")
+        let expected = (1...loads).flatMap { load in
+            ["Load reply \(load)", "LoadFinished \(load) 12 "]
+        }
+        XCTAssertEqual(heard, expected)
+        let records = try world.daemon.waitForLog { log in
+            let records = try log.loads().filter { $0.sessionID == "s1" }
+            return records.count == loads && records.allSatisfy({ $0.outcome != "open" }) ? records : nil
+        }
+        XCTAssertEqual(records.map { "\($0.loadID ?? 0) \($0.outcome) \($0.bytes)" }.sorted(),
+                       (1...loads).map { "\($0) completed 12" }.sorted())
     }
 
     /// The daemon as root, on a bus two other users share: an unprivileged source cannot make

@@ -19,12 +19,15 @@ struct Dispatcher {
     let logger: Logger
     /// Refusals past their app's burst, answered late.
     let delayed: DelayedRefusals
+    /// Work held back behind replies, run before any call is served.
+    let afterReplies: AfterReplies
 
     /// A method handler for `action`. `context` names the session and subject a refusal is
     /// recorded against.
     func serve(_ action: String, context: @escaping (MethodCall) -> (session: Session?, subject: String?) = { _ in (nil, nil) },
                _ body: @escaping (MethodCall) throws -> Void) -> InterfaceImplementation.MethodHandler {
-        return { (call: MethodCall) throws(BusError) in
+        return { [afterReplies] (call: MethodCall) throws(BusError) in
+            afterReplies.runAll()
             do {
                 try body(call)
             } catch {

@@ -15,6 +15,8 @@ struct LoadSource {
     let limits: () -> Limits
     /// Where the source's descriptors are taken, examined and closed, off the loop.
     let descriptors: ClientDescriptors
+    /// Where a file load's end waits while its reply is on its way.
+    let afterReplies: AfterReplies
     /// Whose threads the source's descriptors use: its buckets (`AppIdentity.buckets`).
     var owners: [Bucket] { app.buckets }
 
@@ -74,6 +76,9 @@ final class Load {
     let failClosed: Bool
     /// Refused because its start record could not be written: the refusal is its record.
     private(set) var isUnrecorded = false
+    /// A file load whose destination has the file: whatever ends it now (its held end, a
+    /// cancel, the session's end), it ends delivered.
+    private var isDelivered = false
 
     private let sizeRule: (limit: UInt64, rule: String)?
     private var proxy: PipeProxy?
@@ -161,7 +166,7 @@ final class Load {
     /// waiting call, if any, hears why. `outcome` names it in the log when the error alone
     /// would not, as "interrupted" for a load the daemon itself could not finish.
     func stop(_ error: BrokerError, outcome: LoadOutcome? = nil) {
-        recordedOutcome = outcome
+        if !isDelivered { recordedOutcome = outcome }
         finish(error)
     }
 
@@ -300,10 +305,14 @@ final class Load {
                     finish(sizeRefusal(source))
                 case .success(let (file, size)):
                     bytes = size
+                    onMoved?(self)
+                    isDelivered = true
+                    deadline = nil
                     self.answer = nil
                     answer(.success((file, .file)))
                     descriptors.close(file, owners: owners)
-                    finish(nil)
+                    // The reply is the destination's verdict: the end's news follows it.
+                    source.afterReplies.hold { [weak self] in self?.finish(nil) }
                 case .failure(let error):
                     finish(error)
                 }
@@ -387,6 +396,7 @@ final class Load {
 
     private func finish(_ error: BrokerError?) {
         guard phase != .finished else { return }
+        let error = isDelivered ? nil : error
         phase = .finished
         providerCall = nil
         deadline = nil

@@ -25,7 +25,8 @@ extension Daemon {
                    answer: @escaping (Result<LoadHandover, BrokerError>) -> Void) throws {
         let descriptors = descriptors
         let source = LoadSource(bus: bus, sessionPath: session.path, app: session.source, providerPath: session.providerPath,
-                                limits: { [unowned self] in registry.limits }, descriptors: descriptors)
+                                limits: { [unowned self] in registry.limits }, descriptors: descriptors,
+                                afterReplies: dispatcher.afterReplies)
         let load = try session.openLoad(item: item, type: type, by: caller, rules: loadRules) { request throws(BrokerError) in
             try registry.admitLoad(in: session, to: caller)
             if request.kind == .file {
