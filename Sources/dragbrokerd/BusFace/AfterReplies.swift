@@ -1,5 +1,4 @@
 import BusKit
-import SystemCalls
 
 /// Work nobody waits for, held back until the reply just sent has had time to reach its
 /// caller. A file load's end is such work: the destination's `Load` reply already carries the
@@ -31,10 +30,11 @@ final class AfterReplies {
         if timer == nil { runAll() }
     }
 
-    /// Runs everything held, in the order it was held.
+    /// Runs everything held, in the order it was held. A timer is armed exactly while work is
+    /// held, so on every call's path with nothing held this is one check.
     func runAll() {
-        timer = nil
         guard !held.isEmpty else { return }
+        timer = nil
         let work = held
         held = []
         for body in work { body() }
