@@ -172,6 +172,30 @@ enum Orchestrator {
         _ = Unmanaged.passRetained(loopEcho)
         let pingOnConnectionLoop: () async throws -> Void = { try await loopEcho.ping(sourceName) }
 
+        func handoverOp(_ type: String) -> () async throws -> UInt64 {
+            {
+                let start = monotonicNanos()
+                let fd = try await drop.loadFile(item: 0, typeIdentifier: type)
+                let elapsed = monotonicNanos() - start
+                try fd.close()
+                return elapsed
+            }
+        }
+        // For work on the file load path: (b) and (b') only, without the minutes the rest takes.
+        if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_HANDOVER_ONLY"] != nil {
+            guard try await drop.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
+            guard try await drop.performDrop() == .copy else { throw BenchError("PerformDrop did not copy") }
+            let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
+            let handoverHeld = try await measurePaired(op: handoverOp(BenchTypes.fileHeld), echo: ping)
+            try await drop.conclude()
+            try world.source.send("quit")
+            _ = world.source.waitForExit(timeout: 10)
+            return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
+                    "(b) file handover", pairLine(handover), "(b') registered as it is", pairLine(handoverHeld),
+                    "file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))",
+                    "file_handover_held_vs_echo=\(format(handoverHeld.op.micros(50) / handoverHeld.echo.micros(50), 2))"]
+        }
+
         // (d) Update round trips: proposals exist only before the drop, so this comes first.
         progress("(d) proposal Update round trip vs echo: \(latencyWarmup) warm-up, up to \(latencyIterations) pairs or \(Int(latencyBudget)) s")
         guard try await drop.enter(proposing: .copy) == .copy else { throw BenchError("Enter(copy) was not allowed") }
@@ -281,15 +305,6 @@ enum Orchestrator {
         try check.close()
         guard info.st_size == BenchSizes.file, seals?.contains(.write) == true else {
             throw BenchError("the file handed over has \(info.st_size) bytes and seals \(seals.map { "\($0.rawValue)" } ?? "none")")
-        }
-        func handoverOp(_ type: String) -> () async throws -> UInt64 {
-            {
-                let start = monotonicNanos()
-                let fd = try await drop.loadFile(item: 0, typeIdentifier: type)
-                let elapsed = monotonicNanos() - start
-                try fd.close()
-                return elapsed
-            }
         }
         let handover = try await measurePaired(op: handoverOp(BenchTypes.file), echo: ping)
         // (b') The same memfd registered as it is: no handler, answered on the source's loop.
