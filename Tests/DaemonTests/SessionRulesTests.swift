@@ -450,6 +450,55 @@ final class SessionRulesTests: XCTestCase {
                       "Session s7 already has 2 loads in flight")
     }
 
+    /// A load request is worked out once and kept, but only for the caller's identity and the
+    /// policy it was worked out under: a reload (new identities, a new policy) or another
+    /// flow view gets its own answer, and what is kept stays bounded whatever a client asks.
+    func testAKeptLoadResolutionHoldsOnlyForItsIdentityAndPolicy() throws {
+        let (session, _) = makeSession()
+        try drop(session, by: Self.stranger)
+        let open = rules()
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/*", by: Self.stranger, rules: open).typeIdentifier, "text/plain")
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/*", by: Self.stranger, rules: open).typeIdentifier, "text/plain")
+        XCTAssertEqual(session.loadResolutions.count, 1, "asked again, answered from what was kept")
+
+        // The same connection, its identity made anew under a policy that puts it in the
+        // source's app: it sees the app's own representation, the closest listed first.
+        let reidentified = Self.identity(Self.stranger.uniqueName, flatpak: "org.example.Editor")
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/*", by: reidentified, rules: open).typeIdentifier, "text/x-app")
+
+        // Another policy: a size rule, then a rule that hides the text from it.
+        let origin = SourceLocation(file: "/etc/dragbroker/dragbroker.conf", line: 7)
+        let capped = Policy(flows: [FlowRule(from: .any, to: .any, largerThan: 5, action: .deny, origin: origin)])
+        XCTAssertEqual(try session.authorizeLoad(item: 0, type: "text/*", by: Self.stranger, rules: rules(policy: capped)).sizeRule?.limit, 5)
+        let denied = Policy(flows: [FlowRule(from: .any, to: .any, typePatterns: ["text/plain"], action: .deny, origin: origin)])
+        assertRefused(try session.authorizeLoad(item: 0, type: "text/*", by: Self.stranger, rules: rules(policy: denied)), .notFound,
+                      "No item 0: session s7 has 0 item(s)")
+        XCTAssertNil(try session.authorizeLoad(item: 0, type: "text/*", by: Self.stranger, rules: open).sizeRule,
+                     "back under the first view, its own answer")
+
+        // Forty representations asked for one by one: each answered right, at most the limit kept.
+        let many = [ItemDescriptor(representations: (0..<40).map { RepresentationDescriptor(typeIdentifier: "text/x-t\($0)", visibility: .all) })]
+        let (wide, _) = makeSession(items: many)
+        try drop(wide, by: Self.stranger)
+        for number in 0..<40 {
+            XCTAssertEqual(try wide.authorizeLoad(item: 0, type: "text/x-t\(number)", by: Self.stranger, rules: open).typeIdentifier, "text/x-t\(number)")
+            XCTAssertLessThanOrEqual(wide.loadResolutions.count, LoadResolution.limit)
+        }
+        XCTAssertEqual(wide.loadResolutions.count, 40 - LoadResolution.limit)
+    }
+
+    /// Each policy the daemon applies is a new generation of its flow view, and reading the
+    /// view again without a reload is the same one: what sessions keep lasts until a reload.
+    func testAReloadIsANewPolicyGeneration() {
+        let resolver = IdentityResolver(policy: Policy())
+        let first = resolver.policyGeneration
+        XCTAssertEqual(resolver.policyGeneration, first)
+        resolver.apply(Policy())
+        XCTAssertNotEqual(resolver.policyGeneration, first, "even the same policy again")
+        XCTAssertNotEqual(FlowView(policy: Policy(), types: Self.types).generation, FlowView(policy: Policy(), types: Self.types).generation,
+                          "a view made without a generation is one of its own")
+    }
+
     func testTheDaemonsSharesAreAskedOnlyAfterTheSessionsOwnRulesAndARefusedLoadIsNeverTracked() throws {
         let (session, events) = makeSession()
         try drop(session, by: Self.stranger)

@@ -154,6 +154,8 @@ final class IdentityResolver {
     private var facts: [String: ProcessFacts] = [:]
     private var identities: [String: AppIdentity] = [:]
     private(set) var policy: Policy
+    /// The policy's `FlowView.generation`: new with each policy applied.
+    private(set) var policyGeneration = FlowView.newGeneration()
 
     init(policy: Policy) { self.policy = policy }
 
@@ -177,6 +179,7 @@ final class IdentityResolver {
     /// A new policy changes registry-derived IDs, teams and managed flags, not the facts.
     func apply(_ policy: Policy) {
         self.policy = policy
+        policyGeneration = FlowView.newGeneration()
         identities = facts.mapValues { AppIdentity(facts: $0, policy: policy) }
     }
 

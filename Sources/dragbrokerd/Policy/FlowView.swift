@@ -1,10 +1,27 @@
 import BrokerPolicy
+import Synchronization
 import UniformTypes
 
 /// The administrator's flow rules, asked about one representation going to one destination.
 struct FlowView {
     let policy: Policy
     let types: MimeDatabase
+    /// Which policy this is, for answers worked out from it and kept (a session's load
+    /// resolutions): each policy the daemon applies has its own, and so has each view made
+    /// with none given, so that a kept answer is never taken for another policy's.
+    let generation: UInt64
+
+    init(policy: Policy, types: MimeDatabase, generation: UInt64 = FlowView.newGeneration()) {
+        self.policy = policy
+        self.types = types
+        self.generation = generation
+    }
+
+    private static let generations = Atomic<UInt64>(0)
+
+    static func newGeneration() -> UInt64 {
+        generations.add(1, ordering: .relaxed).newValue
+    }
 
     /// Whether `type` conforms to `pattern` (a MIME type, a wildcard or a UTI).
     func conforms(_ type: String, _ pattern: String) -> Bool {

@@ -40,7 +40,7 @@ final class Registry {
     var policy: Policy { identities.policy }
     var limits: Limits { Limits(policy.limits) }
     /// The flow rules in force.
-    var flow: FlowView { FlowView(policy: policy, types: types) }
+    var flow: FlowView { FlowView(policy: policy, types: types, generation: identities.policyGeneration) }
     var count: Int { sessions.count }
 
     func session(id: String) -> Session? { sessions[id] }

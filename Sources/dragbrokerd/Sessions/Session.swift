@@ -47,6 +47,22 @@ struct LoadRequest {
     let sizeRule: (limit: UInt64, rule: FlowRule)?
 }
 
+/// A load request worked out (`Session.resolveLoad`): the item's real index, the
+/// representation served and the size rule on it.
+struct LoadResolution {
+    struct Key: Hashable {
+        let item: UInt32
+        let type: String
+    }
+
+    /// How many a session keeps.
+    static let limit = 32
+
+    let item: Int
+    let representation: RepresentationDescriptor
+    let sizeRule: (limit: UInt64, rule: FlowRule)?
+}
+
 /// The rules a load is judged by, from the registry's policy and the audit's state.
 struct LoadRules {
     var flow: FlowView
@@ -120,6 +136,9 @@ final class Session {
     /// Listed types a `Load` parsed, by their canonical string, so the next load does not parse
     /// them again; empty (and costing nothing) in a session nobody loads from.
     private var listedTypes: [String: TypeIdentifier] = [:]
+    /// `resolveLoad`'s kept answers, and whom and which policy they are for.
+    private(set) var loadResolutions: [LoadResolution.Key: LoadResolution] = [:]
+    private var loadResolutionsFor: (identity: AppIdentity, generation: UInt64)?
     private(set) var destinations: [String: Destination] = [:]
     /// The destination that entered last and has not exited: what `dragctl` shows before the
     /// drop. It decides nothing: each destination's calls depend on its own Enter and Exit
@@ -557,8 +576,38 @@ final class Session {
         guard caller.uniqueName == dropDestination else {
             throw .accessDenied("Only the destination that performed the \(kind == .drag ? "drop" : "paste") may load from session \(id)")
         }
-        guard let (realItem, listed) = visibleItem(at: Int(item), for: caller, flow: rules.flow) else {
-            throw .notFound("No item \(item): session \(id) has \(visibleItems(for: caller, flow: rules.flow).count) item(s)")
+        let resolution = try resolveLoad(item: item, type: type, by: caller, flow: rules.flow)
+        guard loads.count < rules.limits.concurrentLoadsPerSession else {
+            throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
+        }
+        // A log counting records as lost cannot promise this transfer's end: refuse at once.
+        // Otherwise each load's own start record decides, as it starts (`Load`).
+        if rules.auditRefuses {
+            throw Load.auditRefusal
+        }
+        let representation = resolution.representation
+        defer { nextLoadID += 1 }
+        return LoadRequest(id: nextLoadID, item: UInt32(resolution.item), typeIdentifier: representation.typeIdentifier,
+                           kind: representation.kind, destination: caller, sizeRule: resolution.sizeRule)
+    }
+
+    /// What a load request names, for `caller` under `flow`: the item's real index, the one
+    /// representation served, and the size rule on it. Kept once worked out, for a drop's
+    /// loads ask for the same few again and again, and working one out (the items the caller
+    /// may see, the pattern, the closest match, the rules) was a third of a load's start.
+    /// Kept answers hold while the caller's identity and the policy are the ones they
+    /// were worked out for (a reload makes new identities and a new generation); the items
+    /// cannot change once loads are allowed (`addItems` is for active drags).
+    private func resolveLoad(item: UInt32, type: String, by caller: AppIdentity, flow: FlowView) throws(BrokerError) -> LoadResolution {
+        let key = LoadResolution.Key(item: item, type: type)
+        if let kept = loadResolutionsFor, kept.identity === caller, kept.generation == flow.generation {
+            if let known = loadResolutions[key] { return known }
+        } else {
+            loadResolutions = [:]
+            loadResolutionsFor = (caller, flow.generation)
+        }
+        guard let (realItem, listed) = visibleItem(at: Int(item), for: caller, flow: flow) else {
+            throw .notFound("No item \(item): session \(id) has \(visibleItems(for: caller, flow: flow).count) item(s)")
         }
         let pattern: TypePattern
         do {
@@ -568,23 +617,17 @@ final class Session {
         }
         // The one matching rule: whatever ConformingItems says yes to, this serves, and the
         // closest listed type wins, the first listed among equally close ones.
-        guard let position = rules.flow.types.select(among: listed.map(listedType), for: [pattern]),
+        guard let position = flow.types.select(among: listed.map(listedType), for: [pattern]),
               let representation = items[realItem].representations.first(where: { $0.typeIdentifier == listed[position] }) else {
             throw .notFound("Item \(item) has no representation that matches '\(type)'")
         }
-        let canonical = representation.typeIdentifier
-        guard loads.count < rules.limits.concurrentLoadsPerSession else {
-            throw .limitExceeded("Session \(id) already has \(loads.count) loads in flight")
-        }
-        // A log counting records as lost cannot promise this transfer's end: refuse at once.
-        // Otherwise each load's own start record decides, as it starts (`Load`).
-        if rules.auditRefuses {
-            throw Load.auditRefusal
-        }
-        let sizeRule = rules.flow.byteLimit(of: canonical, from: source, to: caller, through: channel)
-        defer { nextLoadID += 1 }
-        return LoadRequest(id: nextLoadID, item: UInt32(realItem), typeIdentifier: canonical, kind: representation.kind,
-                           destination: caller, sizeRule: sizeRule)
+        let resolution = LoadResolution(item: realItem, representation: representation,
+                                        sizeRule: flow.byteLimit(of: representation.typeIdentifier, from: source, to: caller, through: channel))
+        // A client names what it likes: what is kept stays bounded (a pattern that parsed is
+        // at most 255 bytes).
+        if loadResolutions.count >= LoadResolution.limit { loadResolutions.removeAll(keepingCapacity: true) }
+        loadResolutions[key] = resolution
+        return resolution
     }
 
     /// Opens a load: checks the request (`authorizeLoad`), lets `admit` refuse it on the
