@@ -192,8 +192,8 @@ enum Orchestrator {
             _ = world.source.waitForExit(timeout: 10)
             return ["dragbroker-bench: load average \(loadAverageAtStart) at start, \(loadAverage()) at end",
                     "(b) file handover", pairLine(handover), "(b') registered as it is", pairLine(handoverHeld),
-                    "file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))",
-                    "file_handover_held_vs_echo=\(format(handoverHeld.op.micros(50) / handoverHeld.echo.micros(50), 2))"]
+                    echoRatioKey("file_handover_vs_echo", handover),
+                    echoRatioKey("file_handover_held_vs_echo", handoverHeld)]
         }
 
         // (d) Update round trips: proposals exist only before the drop, so this comes first.
@@ -270,14 +270,14 @@ enum Orchestrator {
         let pasteLines = [
             "(g) Paste: Load → first byte in a paste, as (c) in a drop", pairLine(pasteFirstByte),
             "    Paste → first byte, a paste each time (its Paste round trip included)", pairLine(pasteEach),
-            "paste_first_byte_vs_echo_p50=\(format(pasteFirstByte.op.micros(50) / pasteFirstByte.echo.micros(50), 2))",
-            "paste_call_first_byte_vs_echo_p50=\(format(pasteEach.op.micros(50) / pasteEach.echo.micros(50), 2))",
+            echoRatioKey("paste_first_byte_vs_echo_p50", pasteFirstByte),
+            echoRatioKey("paste_call_first_byte_vs_echo_p50", pasteEach),
         ]
 
         let heldFirstByteLines = [
             "(c''') the same 4 KiB registered as they are (registerDataRepresentation(data:)): no handler runs, the source writes them on its loop",
             pairLine(firstByteHeld),
-            "first_byte_held_vs_echo_p50=\(format(firstByteHeld.op.micros(50) / firstByteHeld.echo.micros(50), 2))"]
+            echoRatioKey("first_byte_held_vs_echo_p50", firstByteHeld)]
 
         // For work on the load path: (d) and (c) only, without the minutes the rest takes.
         if ProcessInfo.processInfo.environment["DRAGBROKER_BENCH_FIRST_BYTE_ONLY"] != nil {
@@ -290,9 +290,9 @@ enum Orchestrator {
                     "(d) Update", pairLine(update)] + rateLines + pasteLines
                     + { $0.lines + $0.keys }(baselineLines(update: (update, updateOnLoop, cUpdate, cUpdateLoop), firstByte: (firstByte, firstByteOnLoop, cFirstByte, cFirstByteLoop), handover: nil,
                                                            echoOnLoop: echoOnLoop)) + [
-                    "first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))",
-                    "fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))",
-                    "update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))"]
+                    echoRatioKey("first_byte_vs_echo_p50", firstByte),
+                    echoRatioKey("fail_closed_first_byte_vs_echo_p50", failClosedFirstByte),
+                    echoRatioKey("update_vs_echo_p50", update)]
         }
 
         // (b) File handover: the source's handler returns a dup of a sealed 1 GiB memfd made
@@ -454,14 +454,14 @@ enum Orchestrator {
         report += experiments
         report.append("pipe_ratio_256m=\(format(ratios[BenchSizes.mib256] ?? .nan, 3))")
         report.append("pipe_ratio=\(format(ratios[BenchSizes.gib1] ?? .nan, 3))")
-        report.append("file_handover_vs_echo=\(format(handover.op.micros(50) / handover.echo.micros(50), 2))")
-        report.append("file_handover_held_vs_echo=\(format(handoverHeld.op.micros(50) / handoverHeld.echo.micros(50), 2))")
-        report.append("first_byte_vs_echo_p50=\(format(firstByte.op.micros(50) / firstByte.echo.micros(50), 2))")
+        report.append(echoRatioKey("file_handover_vs_echo", handover))
+        report.append(echoRatioKey("file_handover_held_vs_echo", handoverHeld))
+        report.append(echoRatioKey("first_byte_vs_echo_p50", firstByte))
         report.append(heldFirstByteLines[2])
-        report.append("fail_closed_first_byte_vs_echo_p50=\(format(failClosedFirstByte.op.micros(50) / failClosedFirstByte.echo.micros(50), 2))")
+        report.append(echoRatioKey("fail_closed_first_byte_vs_echo_p50", failClosedFirstByte))
         report += rateLines.suffix(2)
         report += pasteLines.suffix(2)
-        report.append("update_vs_echo_p50=\(format(update.op.micros(50) / update.echo.micros(50), 2))")
+        report.append(echoRatioKey("update_vs_echo_p50", update))
         report += cLines.keys
         report += concurrent.keys
         report.append(flood.key)
@@ -675,6 +675,11 @@ enum Orchestrator {
         var pause = timespec(tv_sec: Int(settleNanoseconds / 1_000_000_000), tv_nsec: Int(settleNanoseconds % 1_000_000_000))
         var left = timespec()
         while nanosleep(&pause, &left) < 0 && errno == EINTR { pause = left }
+    }
+
+    /// A report key: the operation's p50 over its echo's.
+    static func echoRatioKey(_ key: String, _ pair: Paired) -> String {
+        "\(key)=\(format(pair.op.micros(50) / pair.echo.micros(50), 2))"
     }
 
     static func pairLine(_ pair: Paired) -> String {
